@@ -1,0 +1,278 @@
+"""Typed configuration of a brorl job.
+
+Every field carries a docstring (pydantic reads it as the field's description, so `brorl config show
+--explain` prints it) with its unit and, where the paper gives one, the paper's value. Models forbid
+unknown keys, so a typo in a TOML preset or a `--section.key` override fails at load with the
+offending path. Cross-field rules live in `BrorlConfig._check_consistency` and name the field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: vLLM captures CUDA graphs for decode batches up to this many sequences by default; above it the
+#: engine falls back to eager kernels (seen on the GPU machine: 110 vs 71 samples/s, shared/gpu).
+VLLM_DEFAULT_MAX_CAPTURE_SIZE = 512
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = "runs/tiny-model"
+    """Hugging Face folder of the policy (config, tokenizer, safetensors). Relative paths are taken
+    from the working directory. `brorl make-tiny-model` writes the default one."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter and activation dtype for both learner and actors. float32 on CPU; the paper's runs use
+    bfloat16 on GPUs."""
+
+    tiny_seed: int = 0
+    """Seed for `brorl make-tiny-model` (tokenizer corpus and initial weights)."""
+
+
+class ActorConfig(_Section):
+    num_actors: int = Field(1, ge=1)
+    """Number of actor processes (one vLLM engine each) that `brorl run` starts."""
+
+    n_samples: int = Field(8, ge=1)
+    """N, completions sampled per prompt (one group). Paper: 16 (ProRL) and 512 (BroRL)."""
+
+    prompts_per_request: int = Field(2, ge=1)
+    """Prompts an actor asks the learner for at a time (its credit window)."""
+
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature. Paper (training): 1.0; evaluation: 0.6."""
+
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass. Training: 1.0 (so the behaviour log-probs equal the policy's); eval 0.95."""
+
+    max_tokens: int = Field(16, ge=1)
+    """Maximum completion length, tokens. Paper: 16,384 context."""
+
+    stop: list[str] = Field(default_factory=list)
+    """Extra stop strings; the tokenizer's end-of-sequence token always stops."""
+
+    max_num_seqs: int = Field(256, ge=1)
+    """vLLM `max_num_seqs`: sequences decoded concurrently. Must not exceed
+    `cuda_graph_max_capture_size`, or vLLM falls to slow eager kernels on GPUs."""
+
+    cuda_graph_max_capture_size: int = Field(VLLM_DEFAULT_MAX_CAPTURE_SIZE, ge=1)
+    """Largest decode batch vLLM captures as a CUDA graph (vLLM's default: 512)."""
+
+    max_model_len: int = Field(256, ge=8)
+    """Context length the engine reserves per sequence, tokens (prompt + completion)."""
+
+    gpu_memory_utilization: float = Field(0.2, gt=0.0, le=0.95)
+    """Share of device memory vLLM reserves (on the CPU backend: share of host RAM; keep ≤ 0.3)."""
+
+    enable_prefix_caching: bool = True
+    """Reuse the prompt's KV cache across the N completions of a group."""
+
+    in_flight_on_update: Literal["finish", "abort"] = "finish"
+    """What happens to requests in flight when new weights arrive: finish them under the old weights,
+    or abort them and return their prompts to the learner."""
+
+    enforce_eager: bool = False
+    """Disable CUDA graphs / compilation (debugging; slower)."""
+
+
+class LearnerConfig(_Section):
+    steps: int = Field(20, ge=1)
+    """RL steps (policy versions) to train."""
+
+    prompts_per_step: int = Field(8, ge=1)
+    """B, kept groups (prompts) per step after dynamic sampling. Paper: 512 (ProRL), 128 (BroRL)."""
+
+    num_minibatches: int = Field(2, ge=1)
+    """PPO mini-batches per step, fixed whatever N is (paper 4.2: larger N means larger mini-batches)."""
+
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0)
+    """Lower PPO clip ε_low (ratio floor 1−ε_low). ProRL: 0.2."""
+
+    eps_high: float = Field(0.28, ge=0.0)
+    """Upper PPO clip ε_high (clip-higher, ≥ ε_low). DAPO: 0.28; ProRL: 0.4."""
+
+    tis_cap: float = Field(2.0, ge=1.0)
+    """C, cap on the truncated importance weight min(π_old/μ, C)."""
+
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the k3 KL penalty to the reference policy; 0 disables the reference model."""
+
+    ref_reset_interval: int = Field(0, ge=0)
+    """Reset the reference policy to the current policy every this many steps; 0 never (ProRL resets
+    periodically)."""
+
+    reset_optimizer_on_ref_reset: bool = False
+    """Also clear the AdamW state at a reference reset (ProRL's hard reset)."""
+
+    loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
+    """Loss aggregation over a mini-batch: mean over all response tokens, or mean of per-sample means."""
+
+    lr: float = Field(1e-4, gt=0.0)
+    """η0, base learning rate at `lr_base_samples` samples per step. ProRL (1.5B): 2e-6."""
+
+    lr_base_samples: int = Field(0, ge=0)
+    """B0, samples per step at which `lr` applies; the step's rate is η0·sqrt(B_samples/B0)
+    (paper 4.2). 0 means: the configured step's own size, i.e. no scaling."""
+
+    weight_decay: float = Field(0.01, ge=0.0)
+    """AdamW weight decay."""
+
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Global gradient-norm clip."""
+
+    logprob_chunk_tokens: int = Field(4096, ge=1)
+    """Tokens per chunk when computing log-probs: bounds the float32 logits held at once to
+    chunk × vocabulary."""
+
+    dynamic_sampling: bool = True
+    """Drop groups whose N completions are all correct or all wrong (DAPO); needs N ≥ 2."""
+
+    max_staleness: int = Field(1, ge=0)
+    """K: largest (training step − generating policy version) admitted. 0 is on-policy."""
+
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """Training backend: plain torch (CPU or one GPU) or DeepSpeed ZeRO (several GPUs)."""
+
+    zero_stage: Literal[2, 3] = 2
+    """DeepSpeed ZeRO stage when `backend = "deepspeed"`."""
+
+    device: str = "cpu"
+    """Torch device of the learner ("cpu", "cuda", "cuda:1")."""
+
+    checkpoint_interval: int = Field(10, ge=1)
+    """Write a checkpoint every this many steps (and on SIGTERM)."""
+
+    seed: int = 0
+    """Seed of the learner's RNGs (data order, dropout)."""
+
+
+class TransportConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address the learner binds and actors connect to."""
+
+    work_port: int = Field(5555, ge=0, le=65535)
+    """ROUTER port for work requests and assignments (0: pick a free port)."""
+
+    rollout_port: int = Field(5556, ge=0, le=65535)
+    """PULL port receiving rollout groups."""
+
+    control_port: int = Field(5557, ge=0, le=65535)
+    """PUB port for control messages (versions, verifier swaps, pause/stop)."""
+
+    high_water_mark: int = Field(64, ge=1)
+    """ZeroMQ send/receive high-water mark, messages per socket."""
+
+    curve: bool = False
+    """CURVE encryption and authentication of every socket."""
+
+    allow_insecure_remote: bool = False
+    """Permit `curve = false` on a non-loopback `host` (explicit waiver)."""
+
+    keys_dir: str = "runs/keys"
+    """Folder of CURVE keys written by `brorl keys`."""
+
+    weight_backend: Literal["gloo", "nccl"] = "gloo"
+    """torch.distributed backend of the weight broadcast: gloo on CPUs, nccl on GPUs."""
+
+    weight_bucket_mb: int = Field(256, ge=1)
+    """Size of one broadcast bucket, MiB: bounds the extra memory of a weight update."""
+
+    weight_timeout_s: float = Field(120.0, gt=0.0)
+    """Seconds before a missing or dead weight receiver is reported as an error instead of a hang."""
+
+
+class VerifierConfig(_Section):
+    task: str = "synthetic"
+    """Task family for training and evaluation: synthetic, math, code, or reasoning_gym:<dataset>."""
+
+    difficulty: int = Field(1, ge=1)
+    """Difficulty knob of the synthetic task (digits per operand)."""
+
+    timeout_s: float = Field(5.0, gt=0.0)
+    """Wall-clock limit for scoring one completion, seconds."""
+
+    workers: int = Field(1, ge=1)
+    """Verifier worker processes per actor."""
+
+    on_error: Literal["zero", "drop"] = "zero"
+    """A verifier that raises, hangs or crashes: reward 0 with a reason, or drop the group."""
+
+
+class RunConfig(_Section):
+    run_dir: str = "runs/default"
+    """Folder for checkpoints, metrics and plots."""
+
+    seed: int = 0
+    """Master seed."""
+
+    eval_prompts: int = Field(64, ge=1)
+    """Held-out prompts used for pass@1 before and after training."""
+
+    eval_samples: int = Field(16, ge=1)
+    """k samples per prompt for pass@1 (paper: 16, temperature 0.6, top_p 0.95)."""
+
+
+class BrorlConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy model."""
+
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    """Generation (vLLM actors)."""
+
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """The BroRL update."""
+
+    transport: TransportConfig = Field(default_factory=TransportConfig)
+    """Sockets and weight broadcast."""
+
+    verifiers: VerifierConfig = Field(default_factory=VerifierConfig)
+    """Tasks and rewards."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Run folder, seeds, evaluation."""
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "BrorlConfig":
+        lrn, act, tr = self.learner, self.actor, self.transport
+        if lrn.eps_high < lrn.eps_low:
+            raise ValueError(
+                f"learner.eps_high ({lrn.eps_high}) must be >= learner.eps_low ({lrn.eps_low}): "
+                "clip-higher widens the upper clip, it never narrows it"
+            )
+        if lrn.dynamic_sampling and act.n_samples < 2:
+            raise ValueError(
+                f"actor.n_samples ({act.n_samples}) must be >= 2 when learner.dynamic_sampling is on: "
+                "a group of one is always all-correct or all-wrong and would always be dropped"
+            )
+        if act.max_num_seqs > act.cuda_graph_max_capture_size:
+            raise ValueError(
+                f"actor.max_num_seqs ({act.max_num_seqs}) exceeds actor.cuda_graph_max_capture_size "
+                f"({act.cuda_graph_max_capture_size}): vLLM would decode the excess on slow eager paths"
+            )
+        if lrn.num_minibatches > lrn.prompts_per_step * act.n_samples:
+            raise ValueError(
+                f"learner.num_minibatches ({lrn.num_minibatches}) exceeds the samples per step "
+                f"({lrn.prompts_per_step} × {act.n_samples})"
+            )
+        if not tr.curve and not tr.allow_insecure_remote and not _is_loopback(tr.host):
+            raise ValueError(
+                f"transport.curve must be true for the non-loopback transport.host {tr.host!r} "
+                "(or set transport.allow_insecure_remote = true to waive it)"
+            )
+        if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
+            raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")
+        return self
+
+    @property
+    def samples_per_step(self) -> int:
+        """B_samples: kept groups per step × N."""
+        return self.learner.prompts_per_step * self.actor.n_samples
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")

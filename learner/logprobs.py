@@ -1,0 +1,133 @@
+"""Per-token log-probs of completions under a causal LM, with memory bounded in vocabulary × batch.
+
+The naive path (`model(ids).logits.float().log_softmax(-1)`) materialises float32 logits of shape
+[S, L, V]: for 128 × 512 samples of 1k tokens and V = 151k that is ~40 TB. Here the decoder runs once
+to hidden states [S, L, H]; only the hidden rows of *response* tokens are kept ([M, H], M = response
+tokens), and those are pushed through the LM head in chunks of `chunk_tokens` rows. Each chunk runs
+under activation checkpointing, so backward recomputes the chunk's logits instead of storing them:
+peak extra memory is chunk_tokens × V floats, whatever S, L or V are.
+
+Temperature: the actor's behaviour log-probs are vLLM's *processed* log-probs — after dividing the
+logits by the sampling temperature (and after top-p, which we keep at 1.0 for training). So the learner
+scores tokens under softmax(logits / temperature) too; π_old, πθ and μ are then the same family of
+distributions, and the TIS ratio π_old/μ measures only engine mismatch and staleness.
+
+Shared prompts (a known saving, not yet taken): the N completions of a group share one prompt, yet
+the decoder here processes prompt + completion for every sample. To compute the prompt once per group,
+run the decoder on the prompt alone with `use_cache=True`, expand the returned KV cache N times along
+the batch axis (`DynamicCache.batch_repeat_interleave`) and run the completions against it with
+`position_ids` offset by the prompt length; gradients then flow into the shared prompt activations once.
+`completion_hidden` below is the single place to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class PackedCompletions:
+    """Right-padded prompt+completion sequences and where their response tokens sit.
+
+    input_ids:      long[S, L]  prompt tokens then completion tokens, right-padded with `pad_id`
+    attention_mask: long[S, L]  1 on real tokens
+    target_pos:     long[S, T]  position in the sequence whose hidden state predicts completion
+                                token t (prompt_len − 1 + t); 0 where t is padding
+    targets:        long[S, T]  completion token ids, right-padded with 0
+    mask:           bool[S, T]  True on real completion tokens
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    target_pos: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+
+
+def pack(
+    prompts: list[list[int]], completions: list[list[int]], pad_id: int = 0, device: str | torch.device = "cpu"
+) -> PackedCompletions:
+    if len(prompts) != len(completions):
+        raise ValueError(f"prompts ({len(prompts)}) and completions ({len(completions)}) differ in length")
+    if not prompts:
+        raise ValueError("completions is empty: nothing to score")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompts[{i}] is empty: a completion needs at least one prompt token")
+    S = len(prompts)
+    L = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    T = max(1, max(len(c) for c in completions))
+    ids = torch.full((S, L), pad_id, dtype=torch.long)
+    att = torch.zeros((S, L), dtype=torch.long)
+    pos = torch.zeros((S, T), dtype=torch.long)
+    tgt = torch.zeros((S, T), dtype=torch.long)
+    msk = torch.zeros((S, T), dtype=torch.bool)
+    for s, (p, c) in enumerate(zip(prompts, completions)):
+        seq = list(p) + list(c)
+        ids[s, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        att[s, : len(seq)] = 1
+        if c:
+            pos[s, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
+            tgt[s, : len(c)] = torch.tensor(c, dtype=torch.long)
+            msk[s, : len(c)] = True
+    dev = torch.device(device)
+    return PackedCompletions(ids.to(dev), att.to(dev), pos.to(dev), tgt.to(dev), msk.to(dev))
+
+
+def completion_hidden(model: torch.nn.Module, batch: PackedCompletions) -> torch.Tensor:
+    """Final hidden states that predict each response token, flattened: [M, H], M = batch.mask.sum()."""
+    decoder = model.get_decoder()
+    hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    rows = torch.gather(hidden, 1, batch.target_pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return rows[batch.mask]
+
+
+def _chunk_logp(head: torch.nn.Module, h: torch.Tensor, tgt: torch.Tensor, temperature: float):
+    logits = head(h).float() / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
+    with torch.no_grad():
+        probs = torch.softmax(logits, dim=-1)
+        entropy = lse - (probs * logits).sum(-1)
+    return logp, entropy
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: PackedCompletions,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies of the completion tokens.
+
+    Returns (logp float32[S, T], entropy float32[S, T]); both are 0 where `batch.mask` is False.
+    `logp` carries gradients to the model; `entropy` is detached (a metric).
+    `chunk_tokens=None` computes all logits at once (the unbounded baseline, for benchmarks).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    head = model.get_output_embeddings()
+    h = completion_hidden(model, batch)
+    tgt = batch.targets[batch.mask]
+    M = h.shape[0]
+    if chunk_tokens is None or M <= chunk_tokens:
+        chunks = [(0, M)]
+    else:
+        chunks = [(i, min(i + chunk_tokens, M)) for i in range(0, M, chunk_tokens)]
+    logps, ents = [], []
+    for a, b in chunks:
+        if chunk_tokens is not None and torch.is_grad_enabled() and h.requires_grad:
+            lp, en = checkpoint(_chunk_logp, head, h[a:b], tgt[a:b], temperature, use_reentrant=False)
+        else:
+            lp, en = _chunk_logp(head, h[a:b], tgt[a:b], temperature)
+        logps.append(lp)
+        ents.append(en)
+    out_logp = torch.zeros(batch.mask.shape, dtype=torch.float32, device=h.device)
+    out_ent = torch.zeros(batch.mask.shape, dtype=torch.float32, device=h.device)
+    out_logp = out_logp.masked_scatter(batch.mask, torch.cat(logps)) if M else out_logp
+    out_ent = out_ent.masked_scatter(batch.mask, torch.cat(ents)) if M else out_ent
+    return out_logp, out_ent.detach()

@@ -1,0 +1,91 @@
+"""`brorl make-tiny-model`: a Qwen2-architecture model and its tokenizer, built locally, no download.
+
+The tokenizer is a small BPE trained with `tokenizers` on text from the synthetic task generator (over an
+alphabet of printable ASCII, so any prompt tokenizes without unknowns). The model is a randomly
+initialised `Qwen2ForCausalLM` (~1M parameters, head_dim 32: vLLM's CPU attention rejects 16) saved as
+a Hugging Face folder — config.json, tokenizer files, model.safetensors — that transformers and vLLM
+both load. Everything is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+EOS = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    vocab_size: int = 160
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4  # head_dim = 32
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 256
+    corpus_lines: int = 20_000
+
+
+def train_tokenizer(seed: int, spec: TinyModelSpec):
+    from tokenizers import Tokenizer, decoders, models, trainers
+
+    from verifiers import synthetic
+
+    alphabet = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.decoder = decoders.Fuse()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
+        show_progress=False,
+    )
+    lines = synthetic.corpus(seed, spec.corpus_lines, difficulty=2)
+    tok.train_from_iterator(lines, trainer=trainer)
+    return tok
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Write tokenizer + randomly initialised Qwen2 model to `out_dir`; returns the folder."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(seed, spec)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    eos_id = hf_tok.convert_tokens_to_ids(EOS)
+    cfg = Qwen2Config(
+        vocab_size=hf_tok.vocab_size if len(hf_tok) <= spec.vocab_size else len(hf_tok),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = eos_id
+    model.save_pretrained(out, safe_serialization=True)
+    hf_tok.save_pretrained(out)
+    meta = {"seed": seed, "spec": asdict(spec), "parameters": sum(p.numel() for p in model.parameters())}
+    (out / "brorl-tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def is_model_dir(path: str | Path) -> bool:
+    p = Path(path)
+    return (p / "config.json").exists() and (p / "model.safetensors").exists() and (
+        p / "tokenizer.json"
+    ).exists()
