@@ -1,0 +1,200 @@
+"""The BroRL update as pure functions (paper section 3; `shared/design.md`, "The algorithm, precisely").
+
+Names follow the paper: `eps_low`, `eps_high` (clip-higher), `tis_cap` (C of truncated importance
+sampling), `pass_rate` (dynamic-sampling pass rate). Shapes: G groups, N completions per group,
+S = samples in a mini-batch, T = padded response length.
+
+    keep = dynamic_sampling_mask(correct)                 # bool[G]
+    adv  = reinforce_pp_advantages(rewards, keep)         # float[G, N]
+    loss, metrics = policy_loss(logp, old_logp, behav_logp, adv_of_samples, mask, ...)
+    lr   = scaled_lr(base_lr, base_batch, batch)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ADV_EPS = 1e-8  # ε in Â = (A − mean A) / (std A + ε)
+
+
+def dynamic_sampling_mask(correct: torch.Tensor) -> torch.Tensor:
+    """DAPO dynamic sampling: keep group g iff 0 < #correct(g) < N.
+
+    correct: bool[G, N]  — whether completion i of group g is correct.
+    returns: bool[G]     — True for groups that carry a learning signal.
+    """
+    if correct.ndim != 2:
+        raise ValueError(f"correct must be bool[G, N], got shape {tuple(correct.shape)}")
+    if correct.dtype != torch.bool:
+        raise ValueError(f"correct must have dtype bool, got {correct.dtype}")
+    n_correct = correct.sum(dim=1)
+    return (n_correct > 0) & (n_correct < correct.shape[1])
+
+
+def pass_rate(keep: torch.Tensor, n_samples: int) -> float:
+    """Dynamic-sampling pass rate: kept samples / generated samples (paper table 4)."""
+    if keep.numel() == 0:
+        return 0.0
+    return float(keep.sum().item() * n_samples) / float(keep.numel() * n_samples)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++-baseline advantages.
+
+    A[g, i] = R[g, i] − mean_i R[g, i]; then, over all samples of kept groups,
+    Â = (A − mean(A)) / (std(A) + 1e-8), std being the population std (ddof = 0).
+    Dropped groups get 0.
+
+    rewards: float[G, N]; keep: bool[G]  ->  float[G, N]
+    """
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be float[G, N], got shape {tuple(rewards.shape)}")
+    if keep.shape != rewards.shape[:1]:
+        raise ValueError(f"keep must be bool[G] with G = {rewards.shape[0]}, got shape {tuple(keep.shape)}")
+    if keep.dtype != torch.bool:
+        raise ValueError(f"keep must have dtype bool, got {keep.dtype}")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contains NaN or inf")
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.float32)
+    out = torch.zeros_like(rewards)
+    if not keep.any():
+        return out
+    a = rewards[keep] - rewards[keep].mean(dim=1, keepdim=True)
+    out[keep] = (a - a.mean()) / (a.std(correction=0) + ADV_EPS)
+    return out
+
+
+def scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
+    """Square-root learning-rate scaling (paper 4.2): η = η0 · sqrt(B / B0), batches in samples."""
+    if not base_lr > 0:
+        raise ValueError(f"base_lr must be > 0, got {base_lr}")
+    if base_batch <= 0:
+        raise ValueError(f"base_batch must be > 0 samples, got {base_batch}")
+    if batch <= 0:
+        raise ValueError(f"batch must be > 0 samples, got {batch}")
+    return base_lr * math.sqrt(batch / base_batch)
+
+
+def _check_token_tensor(name: str, t: torch.Tensor, shape: torch.Size, mask: torch.Tensor) -> None:
+    if t.shape != shape:
+        raise ValueError(f"{name} must have shape {tuple(shape)} like logp, got {tuple(t.shape)}")
+    if not torch.isfinite(t[mask]).all():
+        raise ValueError(f"{name} contains NaN or inf on response tokens")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    tis_cap: float,
+    kl_coef: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+    loss_agg: str = "token-mean",
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped PPO with clip-higher, weighted by truncated importance sampling, plus optional k3 KL.
+
+    logp:       float[S, T]  log πθ(y_t) — carries the gradient
+    old_logp:   float[S, T]  log π_old(y_t), the learner's policy at the start of the step
+    behav_logp: float[S, T]  log μ(y_t), reported by the actor that sampled y_t
+    advantages: float[S]     Â of each sample, broadcast to its response tokens
+    mask:       bool[S, T]   True on response tokens
+    ref_logp:   float[S, T]  log π_ref(y_t), needed when kl_coef > 0
+    entropy:    float[S, T]  per-token entropy of πθ (metrics only), optional
+
+    Per token:  r_t = exp(logp − old_logp)
+                w_t = min(exp(old_logp − behav_logp), tis_cap)          (detached)
+                ℓ_t = −w_t · min(r_t Â, clip(r_t, 1 − eps_low, 1 + eps_high) Â)
+                      + kl_coef · (exp(ref − logp) − (ref − logp) − 1)  (k3)
+    Aggregation: "token-mean" = Σ ℓ_t / #tokens over the mini-batch; "seq-mean" = mean over samples
+    of each sample's token mean.
+    """
+    if eps_high < eps_low:
+        raise ValueError(f"eps_high ({eps_high}) must be >= eps_low ({eps_low})")
+    if not 0 <= eps_low < 1:
+        raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
+    if tis_cap <= 0:
+        raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
+    if loss_agg not in ("token-mean", "seq-mean"):
+        raise ValueError(f"loss_agg must be 'token-mean' or 'seq-mean', got {loss_agg!r}")
+    if logp.ndim != 2:
+        raise ValueError(f"logp must be float[S, T], got shape {tuple(logp.shape)}")
+    if mask.shape != logp.shape:
+        raise ValueError(f"mask must have shape {tuple(logp.shape)} like logp, got {tuple(mask.shape)}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must have dtype bool, got {mask.dtype}")
+    if logp.shape[0] == 0 or not mask.any():
+        raise ValueError("empty batch: mask selects no response token")
+    _check_token_tensor("logp", logp, logp.shape, mask)
+    _check_token_tensor("old_logp", old_logp, logp.shape, mask)
+    _check_token_tensor("behav_logp", behav_logp, logp.shape, mask)
+    if advantages.shape != logp.shape[:1]:
+        raise ValueError(f"advantages must be float[S] with S = {logp.shape[0]}, got {tuple(advantages.shape)}")
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages contains NaN or inf")
+    if kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("ref_logp is required when kl_coef > 0")
+        _check_token_tensor("ref_logp", ref_logp, logp.shape, mask)
+
+    m = mask.to(logp.dtype)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    # Padding positions may hold anything: neutralise them before exp() so no inf/NaN leaks into grads.
+    logp_ = torch.where(mask, logp, zero)
+    old = torch.where(mask, old_logp, zero).detach()
+    behav = torch.where(mask, behav_logp, zero).detach()
+    adv = advantages.detach().to(logp.dtype).unsqueeze(1)
+
+    log_ratio = logp_ - old
+    ratio = torch.exp(log_ratio)
+    raw_w = torch.exp(old - behav)
+    w = torch.clamp(raw_w, max=tis_cap)
+    surr1 = ratio * adv
+    surr2 = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = -w * torch.minimum(surr1, surr2)
+
+    kl_tok = None
+    if kl_coef > 0:
+        d = torch.where(mask, ref_logp, zero).detach() - logp_
+        kl_tok = torch.exp(d) - d - 1.0
+        per_token = per_token + kl_coef * kl_tok
+
+    n_tok = m.sum()
+    if loss_agg == "token-mean":
+        loss = (per_token * m).sum() / n_tok
+    else:
+        per_seq_tokens = m.sum(dim=1)
+        has = per_seq_tokens > 0
+        loss = ((per_token * m).sum(dim=1)[has] / per_seq_tokens[has]).mean()
+
+    with torch.no_grad():
+
+        def tok_mean(x: torch.Tensor) -> float:
+            return float(((x * m).sum() / n_tok).item())
+
+        pos, neg = (adv > 0).expand_as(mask), (adv < 0).expand_as(mask)
+        log_mu_over_old = behav - old  # k3 estimator of KL(μ ‖ π_old) with samples from μ
+        metrics = {
+            "clip_frac_high": tok_mean((pos & (ratio > 1 + eps_high)).to(m.dtype)),
+            "clip_frac_low": tok_mean((neg & (ratio < 1 - eps_low)).to(m.dtype)),
+            "tis_mean": tok_mean(w),
+            "tis_clip_frac": tok_mean((raw_w > tis_cap).to(m.dtype)),
+            "mismatch_kl": tok_mean(torch.exp(-log_mu_over_old) - 1 + log_mu_over_old),
+            "approx_kl": tok_mean(ratio - 1 - log_ratio),
+            "ratio_mean": tok_mean(ratio),
+            "pg_loss": tok_mean(-w * torch.minimum(surr1, surr2)),
+            "tokens": float(n_tok.item()),
+        }
+        if kl_tok is not None:
+            metrics["ref_kl"] = tok_mean(kl_tok)
+        if entropy is not None:
+            metrics["entropy"] = tok_mean(entropy)
+    return loss, metrics

@@ -1,0 +1,139 @@
+"""Training backends: plain torch (CPU or one GPU) and DeepSpeed ZeRO (several GPUs; gloo on CPU).
+
+Both expose the same small surface to `learner/train_step.py`:
+
+    backend.module          the nn.Module to run forward passes on
+    backend.backward(loss)  accumulate gradients
+    backend.step() -> float clip to `grad_clip`, apply AdamW, zero grads; returns the pre-clip norm
+    backend.set_lr(lr)      the step's learning rate (paper 4.2's sqrt scaling is applied by the caller)
+    backend.reset_optimizer()
+    backend.rank, backend.world_size
+
+AdamW hyper-parameters are identical in both (betas 0.9/0.999, eps 1e-8, `weight_decay`), so that for
+the same batch they produce the same update (tested on CPU with gloo).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import torch
+
+from config.schema import LearnerConfig
+
+BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+class Backend(Protocol):
+    module: torch.nn.Module
+    rank: int
+    world_size: int
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> float: ...
+
+    def set_lr(self, lr: float) -> None: ...
+
+    def reset_optimizer(self) -> None: ...
+
+
+class TorchBackend:
+    """Single-process torch: the model on `cfg.device`, torch.optim.AdamW."""
+
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig):
+        self.cfg = cfg
+        self.module = model.to(cfg.device)
+        self.rank, self.world_size = 0, 1
+        self.optimizer = self._make_optimizer()
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            self.module.parameters(), lr=self.cfg.lr, betas=BETAS, eps=ADAM_EPS,
+            weight_decay=self.cfg.weight_decay,
+        )
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    def reset_optimizer(self) -> None:
+        self.optimizer = self._make_optimizer()
+
+
+def deepspeed_config(cfg: LearnerConfig) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 1,  # nominal: we call backward/step ourselves per mini-batch
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage, "overlap_comm": False, "contiguous_gradients": True},
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+        "wall_clock_breakdown": False,
+        "steps_per_print": 10**9,
+    }
+
+
+class DeepSpeedBackend:
+    """DeepSpeed ZeRO (stage 2 or 3) over torch.distributed; gloo on CPU, nccl on GPUs.
+
+    The process group must already exist or be creatable from the usual env (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT); each rank trains on its shard of every mini-batch and DeepSpeed
+    averages gradients, so the caller scales each rank's loss by its share of the mini-batch.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig):
+        if cfg.device == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo" if cfg.device == "cpu" else "nccl")
+        self.cfg = cfg
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        model = model.to(cfg.device)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=BETAS, eps=ADAM_EPS,
+                                weight_decay=cfg.weight_decay)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=opt, config=deepspeed_config(cfg)
+        )
+        self.module = self.engine.module
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> float:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    def reset_optimizer(self) -> None:
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # ZeRO wraps the client optimizer
+        for state in inner.state.values():
+            for k, v in state.items():
+                if torch.is_tensor(v):
+                    v.zero_()
+                elif k == "step":
+                    state[k] = 0
+
+
+def make_backend(model: torch.nn.Module, cfg: LearnerConfig) -> Backend:
+    if cfg.backend == "deepspeed":
+        return DeepSpeedBackend(model, cfg)
+    return TorchBackend(model, cfg)
