@@ -125,9 +125,10 @@ class LearnerConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
     """Global gradient-norm clip."""
 
-    logprob_chunk_tokens: int = Field(4096, ge=1)
-    """Tokens per chunk when computing log-probs: bounds the float32 logits held at once to
-    chunk × vocabulary."""
+    logprob_chunk_mb: float = Field(256.0, gt=0.0)
+    """MiB of float32 logits materialised at once when computing log-probs: response tokens go
+    through the LM head in chunks of ⌊budget / (4 · vocabulary)⌋ rows, so peak memory stays flat as
+    vocabulary × batch grows."""
 
     dynamic_sampling: bool = True
     """Drop groups whose N completions are all correct or all wrong (DAPO); needs N ≥ 2."""

@@ -3,9 +3,9 @@
 The naive path (`model(ids).logits.float().log_softmax(-1)`) materialises float32 logits of shape
 [S, L, V]: for 128 × 512 samples of 1k tokens and V = 151k that is ~40 TB. Here the decoder runs once
 to hidden states [S, L, H]; only the hidden rows of *response* tokens are kept ([M, H], M = response
-tokens), and those are pushed through the LM head in chunks of `chunk_tokens` rows. Each chunk runs
+tokens), and those are pushed through the LM head in chunks of ⌊budget / (4·V)⌋ rows. Each chunk runs
 under activation checkpointing, so backward recomputes the chunk's logits instead of storing them:
-peak extra memory is chunk_tokens × V floats, whatever S, L or V are.
+peak extra memory is a fixed budget of float32 logits (`chunk_mb`), whatever S, L or V are.
 
 Temperature: the actor's behaviour log-probs are vLLM's *processed* log-probs — after dividing the
 logits by the sampling temperature (and after top-p, which we keep at 1.0 for training). So the learner
@@ -95,18 +95,24 @@ def _chunk_logp(head: torch.nn.Module, h: torch.Tensor, tgt: torch.Tensor, tempe
     return logp, entropy
 
 
+def rows_per_chunk(chunk_mb: float, vocab: int) -> int:
+    """Rows of float32 logits [rows, vocab] that fit in `chunk_mb` MiB (at least one)."""
+    return max(1, int(chunk_mb * 2**20) // (4 * vocab))
+
+
 def token_logprobs(
     model: torch.nn.Module,
     batch: PackedCompletions,
     *,
     temperature: float = 1.0,
-    chunk_tokens: int | None = 4096,
+    chunk_mb: float | None = 256.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies of the completion tokens.
 
     Returns (logp float32[S, T], entropy float32[S, T]); both are 0 where `batch.mask` is False.
     `logp` carries gradients to the model; `entropy` is detached (a metric).
-    `chunk_tokens=None` computes all logits at once (the unbounded baseline, for benchmarks).
+    `chunk_mb` bounds the float32 logits held at once; `None` computes all logits at once (the
+    unbounded baseline, for benchmarks).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -114,6 +120,7 @@ def token_logprobs(
     h = completion_hidden(model, batch)
     tgt = batch.targets[batch.mask]
     M = h.shape[0]
+    chunk_tokens = None if chunk_mb is None else rows_per_chunk(chunk_mb, head.weight.shape[0])
     if chunk_tokens is None or M <= chunk_tokens:
         chunks = [(0, M)]
     else:

@@ -114,7 +114,7 @@ class Trainer:
     def _logp(self, model: torch.nn.Module, packed, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.set_grad_enabled(grad):
             return token_logprobs(
-                model, packed, temperature=self.temperature, chunk_tokens=self.cfg.logprob_chunk_tokens
+                model, packed, temperature=self.temperature, chunk_mb=self.cfg.logprob_chunk_mb
             )
 
     def step(self, groups: list[Group]) -> dict[str, float]:

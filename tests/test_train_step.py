@@ -34,7 +34,7 @@ def test_training_raises_correct_over_incorrect(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     groups, eos = fixed_groups(tiny_model_dir, model=model)
     before = _margin(model, groups)
-    cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3, logprob_chunk_tokens=7)
+    cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3, logprob_chunk_mb=0.004)
     tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
     metrics = [tr.step(groups) for _ in range(4)]
     after = _margin(tr.model, groups)

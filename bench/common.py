@@ -1,0 +1,83 @@
+"""Shared benchmark helpers: a machine/version stamp, a plain-text table, JSON output, peak RSS."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def stamp() -> dict:
+    info = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": platform.node(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except Exception:
+        pass
+    for mod in ("vllm", "zmq", "deepspeed", "transformers"):
+        try:
+            m = __import__(mod)
+            info[mod] = getattr(m, "__version__", getattr(m, "pyzmq_version", lambda: "?")())
+        except Exception:
+            pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except Exception:
+        pass
+    return info
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
+    line = "  ".join(c.rjust(w) for c, w in zip(cols, widths))
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line, sep] + ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in cells])
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+    return "" if v is None else str(v)
+
+
+def write_json(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"stamp": stamp(), **payload}, indent=2) + "\n")
+    return path
+
+
+def run_isolated(module: str, args: list[str], timeout: float = 1800) -> dict:
+    """Run `python -m module args` in a fresh process (clean peak RSS); it prints one JSON line last."""
+    out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                         timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+    if out.returncode != 0:
+        raise RuntimeError(f"{module} {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
