@@ -64,3 +64,6 @@ def corpus(seed: int, n: int, difficulty: int = 1) -> list[str]:
         t = _make(a, op, b)
         lines.append(t.prompt + t.reference)
     return lines
+
+
+SELF_TEST = [(" 12", "12", True), ("-3", "-3", True), ("13", "12", False), ("", "1", False)]

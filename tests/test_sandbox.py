@@ -1,0 +1,107 @@
+"""The code sandbox contains hostile programs within a time bound and leaves the host unharmed."""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from verifiers import code as code_v
+from verifiers.sandbox import Limits, Sandbox
+
+LIM = Limits(cpu_s=2, wall_s=4.0, mem_mb=256, nproc=16)
+BOUND_S = LIM.wall_s + 3  # each hostile run must end within this
+
+
+@pytest.fixture(scope="module")
+def sb():
+    return Sandbox(LIM)
+
+
+def _run(sb, program, stdin=""):
+    t = time.monotonic()
+    r = sb.run(program, stdin)
+    assert time.monotonic() - t < BOUND_S
+    return r
+
+
+def _uid_processes():
+    """Live (non-zombie) processes of sandbox uids."""
+    out = subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout.splitlines()
+    rows = [line.split() for line in out]
+    return [u for u, st in rows if u.isdigit() and 1_000_000 <= int(u) < 2_000_000 and not st.startswith("Z")]
+
+
+def test_runs_a_normal_program(sb):
+    r = _run(sb, "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", "1 2 3\n")
+    assert r.returncode == 0 and r.stdout.strip() == "6"
+
+
+def test_infinite_loop_is_stopped(sb):
+    r = _run(sb, "while True:\n    pass\n")
+    assert r.returncode != 0 or r.timed_out
+
+
+def test_fork_bomb_is_contained(sb):
+    r = _run(sb, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
+    assert r.returncode != 0 or r.timed_out
+    assert _uid_processes() == []  # nothing it forked survives
+    assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
+
+
+def test_memory_bomb_is_contained(sb):
+    r = _run(sb, "x = bytearray(8 * 1024**3)\nprint('allocated')")
+    assert "allocated" not in r.stdout and r.returncode != 0
+
+
+def test_cannot_write_outside_its_directory(sb, tmp_path):
+    target = Path("/var/tmp/brorl-sandbox-escape") if sb.privileged else tmp_path.parent / "escape"
+    for path in (str(target), "/etc/brorl-escape", "/tmp/brorl-escape"):
+        r = _run(sb, f"open({path!r}, 'w').write('x')\nprint('wrote')")
+        assert not os.path.exists(path), path
+    r = _run(sb, "open('inside.txt', 'w').write('x'); print(open('inside.txt').read())")
+    assert r.stdout.strip() == "x"
+
+
+def test_huge_output_is_capped(sb):
+    r = _run(sb, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n")
+    assert len(r.stdout) <= 1 << 20
+
+
+def test_network_is_unreachable(sb):
+    """As root (our hosts, CI) the run has its own empty network namespace. Without root there is no
+    network containment, and the sandbox says so in `isolation` (see verifiers/sandbox.py)."""
+    if not sb.privileged:
+        assert sb.isolation == "unprivileged: rlimits only"
+        return
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    try:
+        r = _run(sb, f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')")
+        assert "connected" not in r.stdout and r.returncode != 0
+    finally:
+        srv.close()
+
+
+def test_parent_environment_is_not_readable(sb, monkeypatch):
+    monkeypatch.setenv("BRORL_SECRET_TOKEN", "hunter2")
+    r = _run(sb, "import os\nprint(sorted(os.environ))\ntry:\n    print(open(f'/proc/{os.getppid()}/environ').read())\n"
+                 "except Exception as e:\n    print('denied', type(e).__name__)")
+    assert "hunter2" not in r.stdout and "BRORL_SECRET_TOKEN" not in r.stdout
+
+
+def test_code_verifier_partial_credit():
+    ref = json.dumps({"tests": [{"input": "3\n", "output": "9"}, {"input": "4\n", "output": "16"},
+                                {"input": "-1\n", "output": "1"}]})
+    good = code_v.score("```python\nn = int(input())\nprint(n * n)\n```", ref)
+    assert good.correct and good.reward == 1.0
+    partial = code_v.score("```python\nn = int(input())\nprint(n * n if n > 3 else 0)\n```", ref)
+    assert not partial.correct and partial.reward == pytest.approx(1 / 3) and "1/3" in partial.reason
+    crash = code_v.score("```python\nraise SystemExit(3)\n```", ref)
+    assert crash.reward == 0 and "exit 3" in crash.reason

@@ -1,0 +1,39 @@
+"""Math answers, checked with `math-verify`: the final answer is extracted (the last \\boxed{...}, else
+the last LaTeX or plain expression) and compared with the reference symbolically — fractions,
+decimals, radicals, LaTeX, intervals, unordered sets. Parsing and comparison each have a time limit
+(math-verify's own, signal-based: scoring runs in a worker's main thread).
+"""
+
+from __future__ import annotations
+
+from verifiers.base import VerifierResult
+
+NAME = "math"
+VERSION = "1"
+TIME_LIMIT_S = 5
+
+# (completion, reference, expected correct) — run by the registry before this verifier is accepted.
+SELF_TEST = [
+    ("so the answer is \\boxed{\\frac{1}{2}}", "0.5", True),
+    ("$2\\sqrt{2}$", "\\sqrt{8}", True),
+    ("\\boxed{3}", "4", False),
+]
+
+
+def score(completion: str, reference: str) -> VerifierResult:
+    from math_verify import parse, verify
+
+    gold = parse(_dollars(reference), parsing_timeout=TIME_LIMIT_S)
+    if not gold:
+        raise ValueError(f"reference {reference!r} does not parse as a math answer")
+    pred = parse(completion, parsing_timeout=TIME_LIMIT_S)
+    if not pred:
+        return VerifierResult(0.0, False, "no answer")
+    ok = bool(verify(gold, pred, timeout_seconds=TIME_LIMIT_S))
+    return VerifierResult(1.0 if ok else 0.0, ok, "match" if ok else "mismatch")
+
+
+def _dollars(ref: str) -> str:
+    """References are bare LaTeX (`\\frac{1}{2}`); math-verify extracts LaTeX inside $...$."""
+    s = ref.strip()
+    return s if s.startswith("$") or "\\boxed" in s else f"${s}$"

@@ -1,0 +1,109 @@
+"""Verifiers by name and version, loadable by dotted path, swappable at run time.
+
+A verifier module defines `NAME`, `VERSION`, `score(completion, reference) -> VerifierResult` and
+`SELF_TEST`, a list of (completion, reference, expected correct) that must hold before the verifier is
+accepted. `module.path:attr` names a `Verifier` object instead. The same `Registry.score` path serves
+training (actors) and `brorl eval`.
+
+Hot swap: `Registry.swap(name, path)` imports the new verifier, runs its self-test and only then
+replaces (or adds) `name`; any failure raises `VerifierLoadError` with the reason and leaves the
+previous verifier in force.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from verifiers.base import VerifierResult
+
+BUILTINS = {
+    "synthetic": "verifiers.synthetic",
+    "math": "verifiers.math",
+    "code": "verifiers.code",
+    "reasoning_gym": "verifiers.reasoning_gym",
+}
+
+
+class VerifierLoadError(Exception):
+    """A verifier could not be imported, is malformed, or failed its self-test."""
+
+
+@dataclass(frozen=True)
+class Verifier:
+    name: str
+    version: str
+    score: Callable[[str, str], VerifierResult]
+    self_test: list[tuple[str, str, bool]] = field(default_factory=list)
+    path: str = ""
+
+
+def load(path: str) -> Verifier:
+    """Import a verifier from `package.module` or `package.module:attr`."""
+    mod_name, _, attr = path.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+        if attr:
+            obj = getattr(mod, attr)
+            if not isinstance(obj, Verifier):
+                raise VerifierLoadError(f"{path}: {attr} is a {type(obj).__name__}, not a Verifier")
+            return obj
+        missing = [a for a in ("NAME", "VERSION", "score") if not hasattr(mod, a)]
+        if missing:
+            raise VerifierLoadError(f"{path}: module lacks {', '.join(missing)}")
+        return Verifier(mod.NAME, str(mod.VERSION), mod.score, list(getattr(mod, "SELF_TEST", [])), path)
+    except VerifierLoadError:
+        raise
+    except Exception as e:  # ImportError, SyntaxError, AttributeError, anything the import ran
+        raise VerifierLoadError(f"{path}: cannot be imported: {type(e).__name__}: {e}") from e
+
+
+def run_self_test(v: Verifier) -> None:
+    if not v.self_test:
+        raise VerifierLoadError(f"{v.path or v.name}: has no SELF_TEST cases; a verifier must prove itself")
+    for i, (completion, reference, expected) in enumerate(v.self_test):
+        try:
+            res = v.score(completion, reference)
+        except Exception as e:
+            raise VerifierLoadError(f"{v.path or v.name}: self-test {i} raised {type(e).__name__}: {e}") from e
+        if not isinstance(res, VerifierResult):
+            raise VerifierLoadError(f"{v.path or v.name}: self-test {i} returned {type(res).__name__}, not VerifierResult")
+        if res.correct != expected:
+            raise VerifierLoadError(
+                f"{v.path or v.name}: self-test {i} failed: expected correct={expected}, got {res.correct} ({res.reason})"
+            )
+
+
+class Registry:
+    def __init__(self, builtins: dict[str, str] | None = None):
+        self._by_name: dict[str, Verifier] = {}
+        self._paths = dict(BUILTINS if builtins is None else builtins)
+
+    def get(self, name: str) -> Verifier:
+        if name not in self._by_name:
+            if name not in self._paths:
+                raise KeyError(f"no verifier named {name!r} (known: {', '.join(sorted(self.names()))})")
+            self._by_name[name] = load(self._paths[name])
+        return self._by_name[name]
+
+    def names(self) -> set[str]:
+        return set(self._paths) | set(self._by_name)
+
+    def swap(self, name: str, path: str) -> Verifier:
+        """Load `path`, self-test it, then make it the verifier for `name`. Raises VerifierLoadError and
+        changes nothing if any step fails."""
+        v = load(path)
+        run_self_test(v)
+        self._by_name[name] = v
+        self._paths[name] = path
+        return v
+
+    def score(self, name: str, completion: str, reference: str) -> tuple[VerifierResult, str]:
+        """Score one completion; a verifier that raises yields reward 0 with the error as reason.
+        Returns the result and the version that produced it."""
+        v = self.get(name)
+        try:
+            return v.score(completion, reference), v.version
+        except Exception as e:
+            return VerifierResult(0.0, False, f"error: {type(e).__name__}: {e}"), v.version
