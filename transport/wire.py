@@ -1,0 +1,301 @@
+"""Every message that crosses between actors and learner, and its wire encoding.
+
+A message is a ZeroMQ multipart message: frame 0 is an orjson header, frames 1.. are raw arrays
+(C-contiguous, little-endian) described by the header's `arrays` list. Arrays are sent zero-copy
+(`copy=False`). Every header carries `v` (the schema version) and `msg` (the message type).
+
+Decoding (`decode`) validates everything before it returns — schema version, kind, field types, array
+count, dtype, shape, byte size, cross-array consistency — and raises `WireError` otherwise, so nothing
+half-decoded reaches the caller. Arrays come back as read-only numpy views of the received frames.
+
+Message kinds and where they travel:
+    WorkRequest     actor DEALER  -> learner ROUTER  (asks for up to `credits` prompts)
+    Hello           actor DEALER  -> learner ROUTER  (join / rejoin; answered by Snapshot)
+    Heartbeat       actor DEALER  -> learner ROUTER
+    WorkAssignment  learner ROUTER -> actor DEALER
+    GroupAck        learner ROUTER -> actor DEALER   (group ids received; the actor may forget them)
+    Snapshot        learner ROUTER -> actor DEALER   (current control state, for a (re)joining actor)
+    RolloutGroup    actor PUSH    -> learner PULL
+    Control         learner PUB   -> actor SUB
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+SCHEMA_VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+ALLOWED_DTYPES = {"int32", "float32", "uint8"}
+FINISH_REASONS = ("stop", "length", "abort", "error")
+CONTROL_KINDS = ("version", "swap", "pause", "resume", "stop", "sync_ack", "weights")
+
+
+class WireError(ValueError):
+    """A frame sequence is not a valid message; the text says what is wrong."""
+
+
+@dataclass
+class PromptItem:
+    prompt_id: int
+    """Learner's index of this prompt in its data stream (the data cursor)."""
+    prompt: str
+    """Prompt text."""
+    reference: str
+    """Reference the verifier compares against."""
+    verifier: str
+    """Verifier name."""
+    task_id: str = ""
+    """Dataset task id."""
+
+
+@dataclass
+class WorkRequest:
+    actor_id: str
+    """Sender."""
+    credits: int
+    """Prompts the actor can take now (its free capacity)."""
+    version: int
+    """Policy version of the actor's weights."""
+
+
+@dataclass
+class Hello:
+    actor_id: str
+    """Sender."""
+    version: int
+    """Policy version of the actor's weights (-1 before any)."""
+    sync_token: str = ""
+    """Echoed back on the control channel (Control kind "sync_ack") to prove the SUB socket is live."""
+
+
+@dataclass
+class Heartbeat:
+    actor_id: str
+    """Sender."""
+    version: int
+    """Policy version of the actor's weights."""
+    inflight: int
+    """Prompts accepted and not yet sent back."""
+    unacked: int
+    """Groups sent and not yet acknowledged."""
+
+
+@dataclass
+class WorkAssignment:
+    items: list[PromptItem]
+    """Granted prompts (at most the request's credits)."""
+
+
+@dataclass
+class GroupAck:
+    group_ids: list[str]
+    """Groups the learner has received (accepted or dropped as duplicate)."""
+
+
+@dataclass
+class Snapshot:
+    control_seq: int
+    """Sequence number of the last control message the state includes."""
+    version: int
+    """Latest policy version."""
+    verifiers: dict[str, str]
+    """Verifier name -> dotted path currently in force."""
+    paused: bool = False
+    """Whether generation is paused."""
+
+
+@dataclass
+class Control:
+    seq: int
+    """Monotonic sequence number (per learner run)."""
+    kind: str
+    """One of CONTROL_KINDS."""
+    payload: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific: version {version}; swap {name, path}; sync_ack {token}; weights {rendezvous}."""
+
+
+@dataclass
+class RolloutGroup:
+    """One prompt and its N completions. Arrays (shape; meaning):"""
+
+    group_id: str
+    """Unique per actor run: "<actor_id>:<seq>"; duplicates are detected by it."""
+    prompt_id: int
+    """The PromptItem it answers."""
+    actor_id: str
+    """Generating actor."""
+    policy_version: int
+    """Version of the weights that generated every completion of the group."""
+    verifier: str
+    """Verifier name that scored it."""
+    verifier_version: str
+    """Verifier version that scored it."""
+    prompt_ids: np.ndarray
+    """int32[P] — prompt token ids."""
+    lengths: np.ndarray
+    """int32[N] — completion lengths in tokens; sum(lengths) = T."""
+    tokens: np.ndarray
+    """int32[T] — the N completions' token ids, concatenated."""
+    logprobs: np.ndarray
+    """float32[T] — behaviour log-prob of each sampled token (after temperature/top-p)."""
+    rewards: np.ndarray
+    """float32[N] — reward of each completion."""
+    correct: np.ndarray
+    """uint8[N] — 1 if the completion is correct."""
+    finish: np.ndarray
+    """uint8[N] — index into FINISH_REASONS."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds: e.g. {"generate": ..., "score": ...}."""
+    reasons: list[str] = field(default_factory=list)
+    """Optional per-completion verifier reasons (empty, or N strings)."""
+
+    @property
+    def n(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def completions(self) -> list[np.ndarray]:
+        return np.split(self.tokens, np.cumsum(self.lengths)[:-1]) if self.n else []
+
+    def completion_logprobs(self) -> list[np.ndarray]:
+        return np.split(self.logprobs, np.cumsum(self.lengths)[:-1]) if self.n else []
+
+
+_ARRAYS = ("prompt_ids", "lengths", "tokens", "logprobs", "rewards", "correct", "finish")
+_ARRAY_DTYPES = dict(zip(_ARRAYS, ("int32", "int32", "int32", "float32", "float32", "uint8", "uint8")))
+_HEADER_ONLY = {"work_request": WorkRequest, "hello": Hello, "heartbeat": Heartbeat,
+                "assignment": WorkAssignment, "ack": GroupAck, "snapshot": Snapshot, "control": Control}
+_KIND_OF = {cls: kind for kind, cls in _HEADER_ONLY.items()} | {RolloutGroup: "group"}
+
+# field name -> accepted python types, per header-only kind (validated on decode)
+_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "work_request": {"actor_id": (str,), "credits": (int,), "version": (int,)},
+    "hello": {"actor_id": (str,), "version": (int,), "sync_token": (str,)},
+    "heartbeat": {"actor_id": (str,), "version": (int,), "inflight": (int,), "unacked": (int,)},
+    "assignment": {"items": (list,)},
+    "ack": {"group_ids": (list,)},
+    "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,)},
+    "control": {"seq": (int,), "kind": (str,), "payload": (dict,)},
+}
+_GROUP_FIELDS = {"group_id": (str,), "prompt_id": (int,), "actor_id": (str,), "policy_version": (int,),
+                 "verifier": (str,), "verifier_version": (str,), "timings": (dict,), "reasons": (list,)}
+
+
+def encode(msg: Any) -> list[Any]:
+    """Message -> frames (header bytes, then arrays as buffers for zero-copy sends)."""
+    kind = _KIND_OF.get(type(msg))
+    if kind is None:
+        raise TypeError(f"not a wire message: {type(msg).__name__}")
+    if kind != "group":
+        body = {k: getattr(msg, k) for k in _FIELDS[kind]}
+        if kind == "assignment":
+            body["items"] = [vars(it) for it in msg.items]
+        return [orjson.dumps({"v": SCHEMA_VERSION, "msg": kind, **body})]
+    arrays, specs = [], []
+    for name in _ARRAYS:
+        a = np.ascontiguousarray(getattr(msg, name), dtype=_ARRAY_DTYPES[name])
+        arrays.append(a)
+        specs.append({"name": name, "dtype": _ARRAY_DTYPES[name], "shape": list(a.shape)})
+    header = {"v": SCHEMA_VERSION, "msg": "group", "arrays": specs,
+              **{k: getattr(msg, k) for k in _GROUP_FIELDS}}
+    return [orjson.dumps(header)] + [memoryview(a).cast("B") for a in arrays]
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise WireError(what)
+
+
+def _typed(body: dict, fields: dict[str, tuple[type, ...]], kind: str) -> dict:
+    out = {}
+    for name, types in fields.items():
+        _check(name in body, f"{kind}: missing field {name!r}")
+        val = body[name]
+        ok = isinstance(val, types) and not (isinstance(val, bool) and bool not in types)
+        _check(ok, f"{kind}: field {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(val).__name__}")
+        out[name] = val
+    return out
+
+
+def decode(frames: list[Any]) -> Any:
+    """Frames -> message, fully validated; raises WireError on anything malformed."""
+    _check(len(frames) >= 1, "empty message")
+    raw = [f.buffer if hasattr(f, "buffer") else f for f in frames]
+    head = bytes(raw[0]) if not isinstance(raw[0], bytes) else raw[0]
+    _check(len(head) <= MAX_HEADER_BYTES, f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = orjson.loads(head)
+    except orjson.JSONDecodeError as e:
+        raise WireError(f"header is not JSON: {e}") from None
+    _check(isinstance(header, dict), "header is not an object")
+    _check(header.get("v") == SCHEMA_VERSION, f"schema version {header.get('v')!r} != {SCHEMA_VERSION}")
+    kind = header.get("msg")
+    if kind in _HEADER_ONLY:
+        _check(len(frames) == 1, f"{kind}: expected 1 frame, got {len(frames)}")
+        return _decode_header_only(kind, header)
+    _check(kind == "group", f"unknown message kind {kind!r}")
+    return _decode_group(header, raw[1:])
+
+
+def _decode_header_only(kind: str, header: dict) -> Any:
+    body = _typed(header, _FIELDS[kind], kind)
+    if kind == "assignment":
+        items = []
+        for i, it in enumerate(body["items"]):
+            _check(isinstance(it, dict), f"assignment: items[{i}] is not an object")
+            t = _typed(it, {"prompt_id": (int,), "prompt": (str,), "reference": (str,), "verifier": (str,),
+                            "task_id": (str,)}, f"assignment.items[{i}]")
+            items.append(PromptItem(**t))
+        return WorkAssignment(items)
+    if kind == "ack":
+        _check(all(isinstance(g, str) for g in body["group_ids"]), "ack: group_ids must be strings")
+    if kind in ("work_request", "heartbeat"):
+        _check(body.get("credits", 0) >= 0, f"{kind}: credits must be >= 0")
+    if kind == "control":
+        _check(body["kind"] in CONTROL_KINDS, f"control: unknown kind {body['kind']!r}")
+    if kind == "snapshot":
+        _check(all(isinstance(k, str) and isinstance(v, str) for k, v in body["verifiers"].items()),
+               "snapshot: verifiers must map str to str")
+    return _HEADER_ONLY[kind](**body)
+
+
+def _decode_group(header: dict, frames: list[Any]) -> RolloutGroup:
+    body = _typed(header, _GROUP_FIELDS, "group")
+    specs = header.get("arrays")
+    _check(isinstance(specs, list) and len(specs) == len(_ARRAYS), f"group: expected {len(_ARRAYS)} array specs")
+    _check(len(frames) == len(_ARRAYS), f"group: expected {len(_ARRAYS)} array frames, got {len(frames)}")
+    arrays = {}
+    for name, spec, frame in zip(_ARRAYS, specs, frames):
+        _check(isinstance(spec, dict) and spec.get("name") == name, f"group: array spec for {name!r} missing")
+        dtype, shape = spec.get("dtype"), spec.get("shape")
+        _check(dtype == _ARRAY_DTYPES[name], f"group: {name} dtype must be {_ARRAY_DTYPES[name]}, got {dtype!r}")
+        _check(isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int) and shape[0] >= 0
+               and not isinstance(shape[0], bool), f"group: {name} shape must be [n >= 0], got {shape!r}")
+        mv = memoryview(frame)
+        nbytes = shape[0] * np.dtype(dtype).itemsize
+        _check(mv.nbytes == nbytes, f"group: {name} frame has {mv.nbytes} bytes, shape {shape} needs {nbytes}")
+        a = np.frombuffer(mv, dtype=np.dtype(dtype).newbyteorder("<")) if nbytes else np.empty(0, dtype)
+        arrays[name] = a
+    n = arrays["lengths"].shape[0]
+    _check(n >= 1, "group: no completions")
+    for name in ("rewards", "correct", "finish"):
+        _check(arrays[name].shape[0] == n, f"group: {name} has {arrays[name].shape[0]} entries for N={n}")
+    _check(arrays["prompt_ids"].shape[0] >= 1, "group: empty prompt")
+    _check(bool((arrays["lengths"] >= 0).all()), "group: negative completion length")
+    total = int(arrays["lengths"].sum(dtype=np.int64))
+    _check(arrays["tokens"].shape[0] == total, f"group: tokens has {arrays['tokens'].shape[0]} ids, lengths sum to {total}")
+    _check(arrays["logprobs"].shape[0] == total, f"group: logprobs has {arrays['logprobs'].shape[0]} values for {total} tokens")
+    _check(bool(np.isfinite(arrays["logprobs"]).all()) and bool((arrays["logprobs"] <= 1e-4).all()),
+           "group: logprobs must be finite and <= 0")
+    _check(bool(np.isfinite(arrays["rewards"]).all()), "group: rewards must be finite")
+    _check(bool((arrays["correct"] <= 1).all()), "group: correct must be 0 or 1")
+    _check(bool((arrays["finish"] < len(FINISH_REASONS)).all()), "group: unknown finish reason code")
+    _check(bool((arrays["tokens"] >= 0).all()) and bool((arrays["prompt_ids"] >= 0).all()), "group: negative token id")
+    _check(all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in body["timings"].values()),
+           "group: timings must map to numbers")
+    _check(len(body["reasons"]) in (0, n) and all(isinstance(r, str) for r in body["reasons"]),
+           "group: reasons must be empty or N strings")
+    return RolloutGroup(**body, **arrays)
