@@ -13,7 +13,14 @@ from typing import Any
 from config.schema import ActorConfig, ModelConfig
 
 
-def engine_kwargs(model: ModelConfig, actor: ActorConfig, seed: int = 0) -> dict[str, Any]:
+WORKER_EXTENSION = "transport.vllm_ext.BrorlWorkerExtension"
+WEIGHT_ENGINES = {"gloo": "brorl_gloo", "nccl": "nccl"}
+
+
+def engine_kwargs(model: ModelConfig, actor: ActorConfig, seed: int = 0, weight_backend: str = "gloo") -> dict[str, Any]:
+    """Keyword arguments for `vllm.LLM` / `AsyncEngineArgs`. The weight-transfer engine is always
+    configured (gloo on CPU, vLLM's NCCL engine on GPUs) and the worker extension that registers ours
+    and reports the loaded weights' version and checksum is always loaded."""
     return dict(
         model=model.path,
         tokenizer=model.path,
@@ -28,6 +35,8 @@ def engine_kwargs(model: ModelConfig, actor: ActorConfig, seed: int = 0) -> dict
         # after temperature / top-p are applied, i.e. under the distribution the token was actually
         # drawn from; the learner divides its logits by the same temperature (learner/logprobs.py).
         logprobs_mode="processed_logprobs",
+        weight_transfer_config={"backend": WEIGHT_ENGINES[weight_backend]},
+        worker_extension_cls=WORKER_EXTENSION,
     )
 
 

@@ -1,0 +1,158 @@
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transport.weights import (
+    WeightBroadcaster,
+    WeightReceiver,
+    WeightSyncError,
+    bucket_checksum,
+    make_plan,
+    pack_bucket,
+    unpack_bucket,
+    weights_checksum,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toy_params(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"a.weight": torch.randn(300, 200, generator=g), "a.bias": torch.randn(200, generator=g),
+            "b.weight": torch.randn(50, 7, generator=g).to(torch.bfloat16), "c": torch.randint(0, 9, (33,), generator=g)}
+
+
+def test_plan_buckets_are_bounded_and_round_trip():
+    params = toy_params()
+    plan = make_plan(params.items(), bucket_mb=0.1)  # ~100 KiB buckets
+    assert plan.names == list(params)
+    assert len(plan.buckets) >= 2
+    assert all(n <= 0.1 * 2**20 or b - a == 1 for a, b, n in plan.buckets)  # only a lone big tensor exceeds
+    tensors = list(params.values())
+    for a, b, n in plan.buckets:
+        flat = pack_bucket(tensors[a:b], n)
+        for (name, got), want in zip(unpack_bucket(flat, plan, a, b), tensors[a:b]):
+            assert torch.equal(got, want), name
+
+
+def test_checksum_detects_any_change():
+    params = toy_params()
+    plan = make_plan(params.items(), bucket_mb=1)
+    c0 = weights_checksum(params.items(), plan)
+    assert c0 == weights_checksum(toy_params().items(), plan)
+    params["a.bias"][17] += 1e-3
+    assert weights_checksum(params.items(), plan) != c0
+    flat = torch.arange(64, dtype=torch.uint8)
+    swapped = flat.clone()
+    swapped[[3, 40]] = swapped[[40, 3]]
+    assert bucket_checksum(flat) != bucket_checksum(swapped)
+
+
+def _peer(port, rank, world, group, plan, updates, *extra):
+    return subprocess.Popen([sys.executable, "-m", "tests.weight_peer", "127.0.0.1", str(port), str(rank),
+                             str(world), group, json.dumps(plan.to_dict()), str(updates), *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def test_late_joiner_gets_current_weights_through_new_rendezvous():
+    params = toy_params()
+    bc = WeightBroadcaster(lambda: params.items(), bucket_mb=0.1, timeout_s=20)
+    info, offs = bc.rendezvous_info(free_port(), [1])
+    p1 = _peer(info["master_port"], offs[0], info["world_size"], info["group_name"], bc.plan, 1)
+    await bc.open(info)
+    c1 = await bc.broadcast()
+    out1 = p1.communicate(timeout=30)[0]
+    assert f"checksum {c1}" in out1
+    # a second actor joins: a new rendezvous with both, and the current weights go to everyone
+    params["a.weight"].mul_(2)
+    info2, offs2 = bc.rendezvous_info(free_port(), [1, 1])
+    assert info2["group_name"] != info["group_name"] and info2["world_size"] == 3
+    peers = [_peer(info2["master_port"], o, 3, info2["group_name"], bc.plan, 1) for o in offs2]
+    await bc.open(info2)
+    c2 = await bc.broadcast()
+    assert c2 != c1
+    for p in peers:
+        assert f"checksum {c2}" in p.communicate(timeout=30)[0]
+
+
+async def test_missing_receiver_is_an_error_not_a_hang():
+    params = toy_params()
+    bc = WeightBroadcaster(lambda: params.items(), bucket_mb=1, timeout_s=3)
+    info, _ = bc.rendezvous_info(free_port(), [1])
+    t = time.monotonic()
+    with pytest.raises(WeightSyncError, match="rendezvous failed"):
+        await bc.open(info)
+    assert time.monotonic() - t < 15
+
+
+async def test_dead_receiver_is_an_error_not_a_hang():
+    params = toy_params()
+    bc = WeightBroadcaster(lambda: params.items(), bucket_mb=0.1, timeout_s=3)
+    info, offs = bc.rendezvous_info(free_port(), [1])
+    p = _peer(info["master_port"], offs[0], info["world_size"], info["group_name"], bc.plan, 1, "exit")
+    await bc.open(info)
+    p.wait(timeout=30)  # joined, then died
+    t = time.monotonic()
+    with pytest.raises(WeightSyncError, match="broadcast failed"):
+        await bc.broadcast()
+    assert time.monotonic() - t < 15
+    with pytest.raises(WeightSyncError, match="no weight group"):
+        await bc.broadcast()
+
+
+@pytest.mark.vllm
+async def test_broadcast_into_running_vllm_engine(vllm_engine, tiny_cfg, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from actors.engine import sampling_params
+
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    greedy = sampling_params(tiny_cfg.actor, n=1, temperature=0.0, max_tokens=8)
+    prompts = ["3+4=", "12-5=", "7+7="]
+
+    def hf_greedy(m):
+        out = []
+        for o in vllm_engine.generate(prompts, greedy, use_tqdm=False):
+            ids = torch.tensor([o.prompt_token_ids])
+            out.append(m.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8,
+                                  eos_token_id=None)[0, ids.shape[1]:].tolist()[: len(o.outputs[0].token_ids)])
+        return out
+
+    def vllm_greedy():
+        return [list(o.outputs[0].token_ids) for o in vllm_engine.generate(prompts, greedy, use_tqdm=False)]
+
+    before = vllm_greedy()
+    rx = WeightReceiver(vllm_engine, is_async=False)
+    try:
+        for version, m in ((1, model), (2, original)):  # new weights, then the originals back
+            bc = WeightBroadcaster(lambda: m.state_dict().items(), bucket_mb=0.25, timeout_s=30)
+            info, offs = bc.rendezvous_info(free_port(), [1])
+            await asyncio.gather(bc.open(info), rx.join(info, offs[0], bc.plan.to_dict()))
+            sent, (got_version, got_checksum) = await asyncio.gather(bc.broadcast(), rx.receive(version))
+            assert (got_version, got_checksum) == (version, sent)
+            assert sent == weights_checksum(m.state_dict().items(), bc.plan)
+            now = vllm_greedy()
+            assert now == hf_greedy(m)
+            if version == 1:
+                assert now != before  # the update really changed the engine's weights
+        assert vllm_greedy() == before
+    finally:
+        rx.plan = None

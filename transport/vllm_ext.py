@@ -1,0 +1,126 @@
+"""Code that runs inside vLLM's worker processes.
+
+Importing this module registers the `brorl_gloo` weight-transfer engine with vLLM's
+`WeightTransferEngineFactory`. vLLM imports it in every worker because the engine is started with
+`worker_extension_cls="transport.vllm_ext.BrorlWorkerExtension"`, which happens before the worker
+creates its weight-transfer engine (vLLM 0.26 and 0.32 both resolve the extension class first).
+
+`GlooWeightTransferEngine` receives the learner's buckets over a gloo group of its own and loads them
+through the model's `load_weights` inside vLLM's layerwise-reload lifecycle (the route vLLM's own NCCL
+engine takes; plain in-place `load_weights` after start-up fails on the CPU backend). It records the
+version and checksum of what it loaded, which `BrorlWorkerExtension.brorl_weight_state` reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from transport.weights import (
+    WeightPlan,
+    bucket_checksum,
+    broadcast_bucket,
+    combine_checksums,
+    open_group,
+    unpack_bucket,
+)
+
+ENGINE_NAME = "brorl_gloo"
+
+
+@dataclass
+class GlooInitInfo(WeightTransferInitInfo):
+    master_address: str
+    master_port: int
+    world_size: int
+    group_name: str
+    rank_offset: int = 1
+    timeout_s: float = 120.0
+
+
+@dataclass
+class GlooUpdateInfo(WeightTransferUpdateInfo):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    buckets: list[list[int]]
+    version: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+    init_info_cls = GlooInitInfo
+    update_info_cls = GlooUpdateInfo
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.pg = None
+        self._store = None
+        self.version = -1
+        self.checksum = ""
+
+    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        pc = self.parallel_config
+        dp_rank = getattr(pc, "data_parallel_index", getattr(pc, "data_parallel_rank", 0)) or 0
+        rank = init_info.rank_offset + dp_rank * pc.world_size + pc.rank
+        self.shutdown()
+        self.pg, self._store = open_group(init_info.master_address, init_info.master_port, rank,
+                                          init_info.world_size, init_info.group_name, init_info.timeout_s)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        if self.pg is None:
+            raise RuntimeError("brorl_gloo: update before init_weight_transfer_engine")
+        plan = WeightPlan(update_info.names, update_info.dtype_names, update_info.shapes, update_info.buckets)
+        sums = []
+        for first, last, nbytes in plan.buckets:
+            flat = torch.empty(nbytes, dtype=torch.uint8)
+            broadcast_bucket(self.pg, flat)
+            sums.append(bucket_checksum(flat))
+            self.model.load_weights(unpack_bucket(flat, plan, first, last))
+        self.version = update_info.version
+        self.checksum = combine_checksums(sums)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # vLLM 0.32's base class synchronizes an accelerator afterwards; on CPU there is none to wait on.
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def shutdown(self) -> None:
+        self.pg, self._store = None, None
+
+
+def register() -> None:
+    try:
+        WeightTransferEngineFactory.register_engine(ENGINE_NAME, GlooWeightTransferEngine)
+    except ValueError:
+        pass  # already registered in this process
+
+
+register()
+
+
+class BrorlWorkerExtension:
+    """Mixed into vLLM's worker class; methods are reachable through `collective_rpc`."""
+
+    def brorl_weight_state(self) -> tuple[int, str]:
+        eng = getattr(self, "weight_transfer_engine", None)
+        if eng is None or not hasattr(eng, "version"):
+            return -1, ""
+        return int(eng.version), str(eng.checksum)

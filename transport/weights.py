@@ -1,0 +1,233 @@
+"""Versioned weight broadcast from the learner into every actor's vLLM workers.
+
+Learner side: `WeightBroadcaster`. Actor side: `WeightReceiver`, which drives vLLM's weight-transfer API
+(`init_weight_transfer_engine`, `start_weight_update`, `update_weights`, `finish_weight_update`, all
+worker methods reached through `collective_rpc`, present in vLLM 0.26 and 0.32 alike) with the engine
+we register for CPUs, `brorl_gloo` (`transport/vllm_ext.py`). On GPUs the same plan and checksum apply
+over NCCL (`backend="nccl"`; see `transport/vllm_ext.py`).
+
+Protocol:
+  1. Rendezvous (once per membership change — the first actor, a restarted or late actor): the learner
+     picks a fresh group name and port, publishes `Control("weights", {"rendezvous": init, "plan": plan})`
+     and opens rank 0 of a gloo group of world size 1 + Σ workers, while each actor calls
+     `init_weight_transfer_engine` with its `rank_offset`. A joiner therefore always receives the
+     current weights (the broadcast that follows the rendezvous) before it takes work. Re-forming the
+     group per join is what lets actors come and go in a running job (a fixed NCCL/gloo world cannot
+     grow).
+  2. Update (every policy version): the learner publishes `Control("version", {"version": v})`, actors
+     call start/update/finish; the learner broadcasts the parameters in buckets of at most `bucket_mb`
+     MiB (so the extra memory is one bucket per side, whatever the model size), in the plan's order.
+  3. Check: each actor reports (version, checksum) of the bytes it loaded; the learner compares them
+     with its own (`weights_checksum`).
+A receiver that is missing or dead makes the broadcast fail within `timeout_s` (the gloo group's
+timeout) with `WeightSyncError`, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+import torch
+
+MASK64 = (1 << 64) - 1
+ALIGN = 16  # every tensor starts at a multiple of 16 bytes in its bucket, so views of any dtype work
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class WeightSyncError(RuntimeError):
+    """A weight broadcast failed or timed out (a receiver is missing, dead or slow)."""
+
+
+@dataclass
+class WeightPlan:
+    """What every update sends, in order; fixed for a model, sent once per rendezvous."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    buckets: list[list[int]]
+    """[first, last_exclusive, nbytes] index ranges into `names`, one per broadcast."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_plan(named: Iterable[tuple[str, torch.Tensor]], bucket_mb: float) -> WeightPlan:
+    limit = max(1, int(bucket_mb * 2**20))
+    names, dtypes, shapes, buckets = [], [], [], []
+    start, size = 0, 0
+    for i, (name, t) in enumerate(named):
+        nbytes = _align(t.numel() * t.element_size())
+        if size and size + nbytes > limit:
+            buckets.append([start, i, size])
+            start, size = i, 0
+        names.append(name)
+        dtypes.append(str(t.dtype).removeprefix("torch."))
+        shapes.append(list(t.shape))
+        size += nbytes
+    if size or start < len(names):
+        buckets.append([start, len(names), size])
+    return WeightPlan(names, dtypes, shapes, buckets)
+
+
+def pack_bucket(tensors: list[torch.Tensor], nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    flat = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    off = 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        flat[off: off + n].copy_(t.detach().contiguous().view(-1).view(torch.uint8))
+        off += _align(n)
+    return flat
+
+
+def unpack_bucket(flat: torch.Tensor, plan: WeightPlan, first: int, last: int) -> list[tuple[str, torch.Tensor]]:
+    out, off = [], 0
+    for i in range(first, last):
+        dtype = getattr(torch, plan.dtype_names[i])
+        numel = 1
+        for d in plan.shapes[i]:
+            numel *= d
+        n = numel * torch.empty((), dtype=dtype).element_size()
+        out.append((plan.names[i], flat[off: off + n].view(dtype).view(plan.shapes[i])))
+        off += _align(n)
+    return out
+
+
+def bucket_checksum(flat: torch.Tensor) -> int:
+    """Position-weighted sum of the bucket's 32-bit words, mod 2^64 (order-independent to compute,
+    identical on CPU and GPU). Sensitive to any changed, missing or moved byte."""
+    pad = (-flat.numel()) % 4
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    words = flat.view(torch.int32).to(torch.int64)
+    weights = torch.arange(words.numel(), device=flat.device, dtype=torch.int64) % 65521 + 1
+    return int((words * weights).sum().item()) & MASK64
+
+
+def combine_checksums(per_bucket: list[int]) -> str:
+    total = 0
+    for i, c in enumerate(per_bucket):
+        total = (total + (i + 1) * c) & MASK64
+    return f"{total:016x}"
+
+
+def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan) -> str:
+    tensors = [t for _, t in named]
+    return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n)) for a, b, n in plan.buckets])
+
+
+def open_group(host: str, port: int, rank: int, world_size: int, group_name: str, timeout_s: float,
+               backend: str = "gloo"):
+    """A process group of its own (not the default one): TCPStore rendezvous + gloo (or NCCL)."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
+    prefixed = dist.PrefixStore(group_name, store)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), store
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts), store
+
+
+def broadcast_bucket(pg, flat: torch.Tensor) -> None:
+    pg.broadcast([flat]).wait()
+
+
+class WeightBroadcaster:
+    """Learner side: owns rank 0 of the weight group and the plan."""
+
+    def __init__(self, named_params, *, bucket_mb: float = 256, timeout_s: float = 120.0,
+                 backend: str = "gloo", host: str = "127.0.0.1"):
+        self.named_params = named_params  # callable -> iterable of (name, tensor), HF names
+        self.plan = make_plan(named_params(), bucket_mb)
+        self.timeout_s = timeout_s
+        self.backend = backend
+        self.host = host
+        self.pg = None
+        self._store = None
+        self.world_size = 1
+
+    def rendezvous_info(self, port: int, workers: list[int]) -> tuple[dict[str, Any], list[int]]:
+        """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset."""
+        offsets, nxt = [], 1
+        for w in workers:
+            offsets.append(nxt)
+            nxt += w
+        self.world_size = nxt
+        info = {"master_address": self.host, "master_port": port, "world_size": nxt,
+                "group_name": f"brorl-{uuid.uuid4().hex[:12]}", "timeout_s": self.timeout_s}
+        return info, offsets
+
+    async def open(self, info: dict[str, Any]) -> None:
+        """Rank 0 of the group; completes once every receiver has joined (or raises after timeout)."""
+        self.close()
+        try:
+            self.pg, self._store = await asyncio.wait_for(asyncio.to_thread(
+                open_group, self.host, info["master_port"], 0, info["world_size"], info["group_name"],
+                self.timeout_s, self.backend), self.timeout_s + 5)
+        except Exception as e:
+            raise WeightSyncError(f"weight group rendezvous failed ({info['world_size'] - 1} receivers "
+                                  f"expected): {type(e).__name__}: {e}") from e
+
+    def _send_all(self) -> str:
+        tensors = [t for _, t in self.named_params()]
+        sums = []
+        device = tensors[0].device if self.backend == "nccl" else torch.device("cpu")
+        for a, b, n in self.plan.buckets:
+            flat = pack_bucket(tensors[a:b], n, device)
+            broadcast_bucket(self.pg, flat)
+            sums.append(bucket_checksum(flat))
+        return combine_checksums(sums)
+
+    async def broadcast(self) -> str:
+        """Send every bucket; returns the checksum the receivers must report."""
+        if self.pg is None:
+            raise WeightSyncError("no weight group: call open() after a rendezvous first")
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._send_all), self.timeout_s + 5)
+        except Exception as e:
+            self.close()
+            raise WeightSyncError(f"weight broadcast failed: {type(e).__name__}: {str(e)[:300]}") from e
+
+    def close(self) -> None:
+        self.pg, self._store = None, None
+
+
+class WeightReceiver:
+    """Actor side: drives the weight-transfer API of a vLLM engine (`AsyncLLM` or offline `LLM`)."""
+
+    def __init__(self, engine, *, is_async: bool = True):
+        self.engine = engine
+        self.is_async = is_async
+        self.plan: dict[str, Any] | None = None
+
+    async def _rpc(self, method: str, **kwargs: Any) -> list[Any]:
+        if self.is_async:
+            return await self.engine.collective_rpc(method, kwargs=kwargs)
+        return await asyncio.to_thread(self.engine.collective_rpc, method, kwargs=kwargs)
+
+    async def join(self, info: dict[str, Any], rank_offset: int, plan: dict[str, Any]) -> None:
+        self.plan = plan
+        await self._rpc("init_weight_transfer_engine", init_info={**info, "rank_offset": rank_offset})
+
+    async def receive(self, version: int) -> tuple[int, str]:
+        """Receive one update; returns (version, checksum) as loaded by the workers (all must agree)."""
+        if self.plan is None:
+            raise WeightSyncError("receive() before join(): no weight plan")
+        await self._rpc("start_weight_update")
+        await self._rpc("update_weights", update_info={**self.plan, "version": version})
+        await self._rpc("finish_weight_update")
+        states = await self._rpc("brorl_weight_state")
+        if len({tuple(s) for s in states}) != 1:
+            raise WeightSyncError(f"workers disagree after update {version}: {states}")
+        v, checksum = states[0]
+        return int(v), str(checksum)
