@@ -5,7 +5,7 @@ FROM nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04
 
 LABEL org.opencontainers.image.title="brorl" \
       org.opencontainers.image.description="Asynchronous large-N RL from verifiable rewards (BroRL)" \
-      brorl.roles="run actor learner eval simulate make-tiny-model config"
+      brorl.roles="run actor learner eval sft keys verifiers simulate make-tiny-model config"
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \

@@ -10,14 +10,6 @@ import argparse
 import sys
 from typing import Callable
 
-# Roles that exist in this release, and the issue that brings each missing one.
-NOT_BUILT = {
-    "actor": "the vLLM actor role (continuous generation, transport) is not built yet",
-    "learner": "the asyncio learner service is not built yet",
-    "eval": "`brorl eval` (pass@k on held-out prompts) is not built yet",
-}
-
-
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
@@ -47,16 +39,47 @@ def cmd_config(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
-def cmd_make_tiny_model(args: argparse.Namespace, overrides: list[str]) -> int:
+def _ensure_model(cfg, force: bool = False, sft: bool = True) -> None:
+    """Build the tiny model (and its warm start) at model.path unless a model is already there."""
     from learner.tiny_model import build_tiny_model, is_model_dir
 
+    path = cfg.model.path
+    if is_model_dir(path) and not force:
+        return
+    if not path.startswith("runs/") and not force and not is_model_dir(path):
+        raise SystemExit(f"brorl: model.path {path!r} holds no model (brorl never downloads weights)")
+    print(f"building the tiny model at {path} ...", flush=True)
+    build_tiny_model(path, seed=cfg.model.tiny_seed)
+    if sft:
+        from learner.sft import warm_start
+
+        print("warm start (supervised) until held-out pass@1 is 15-60% ...", flush=True)
+        r = warm_start(cfg, path, seed=cfg.model.tiny_seed)
+        print(f"warm start done after {r.updates} updates: held-out pass@1 ≈ {100 * r.pass_at_1:.1f}%", flush=True)
+
+
+def cmd_make_tiny_model(args: argparse.Namespace, overrides: list[str]) -> int:
+    from dataclasses import replace
+
+    from learner.tiny_model import is_model_dir
+
     cfg = _load(args, overrides)
-    out = args.out or cfg.model.path
-    if is_model_dir(out) and not args.force:
-        print(f"tiny model already at {out} (use --force to rebuild)")
+    if args.out:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": args.out})})
+    if is_model_dir(cfg.model.path) and not args.force:
+        print(f"tiny model already at {cfg.model.path} (use --force to rebuild)")
         return 0
-    path = build_tiny_model(out, seed=cfg.model.tiny_seed)
-    print(f"tiny model written to {path}")
+    _ensure_model(cfg, force=True, sft=not args.no_sft)
+    print(f"tiny model written to {cfg.model.path}")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
+    from learner.sft import warm_start
+
+    cfg = _load(args, overrides)
+    r = warm_start(cfg, cfg.model.path, args.out, min_pass=args.min_pass, max_pass=args.max_pass)
+    print(f"held-out pass@1 ≈ {100 * r.pass_at_1:.1f}% after {r.updates} updates; saved to {args.out or cfg.model.path}")
     return 0
 
 
@@ -67,23 +90,75 @@ def cmd_simulate(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def cmd_run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from learner.tiny_model import build_tiny_model, is_model_dir
+    cfg = _load(args, overrides)
+    _ensure_model(cfg)
+    from learner.launcher import run
+
+    return run(cfg, resume=args.resume, evaluate=not args.no_eval)
+
+
+def cmd_learner(args: argparse.Namespace, overrides: list[str]) -> int:
+    from learner.service import main
+
+    return main(_load(args, overrides), resume=args.resume)
+
+
+def cmd_actor(args: argparse.Namespace, overrides: list[str]) -> int:
+    from actors.actor import endpoints_from, main
 
     cfg = _load(args, overrides)
-    if not is_model_dir(cfg.model.path):
-        print(f"building the tiny model at {cfg.model.path} ...", flush=True)
-        build_tiny_model(cfg.model.path, seed=cfg.model.tiny_seed)
-    from learner.demo import run_demo
-
-    return run_demo(cfg)
-
-
-def _not_built(role: str) -> Callable[[argparse.Namespace, list[str]], int]:
-    def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        print(f"brorl {role}: {NOT_BUILT[role]}.", file=sys.stderr)
+    try:
+        endpoints_from(cfg, args.learner_addr)
+    except ValueError as e:
+        print(f"brorl actor: {e}", file=sys.stderr)
         return 2
+    return main(cfg, args.actor_id, args.learner_addr)
 
-    return run
+
+def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
+    from actors.evaluate import main
+
+    return main(_load(args, overrides), args.checkpoint, args.out, args.k)
+
+
+def cmd_keys(args: argparse.Namespace, overrides: list[str]) -> int:
+    from transport.security import generate
+
+    actors = [a for a in args.actors.split(",") if a] + ["admin"]
+    d = generate(args.dir, actors)
+    print(f"CURVE keys in {d}: learner + {', '.join(actors)}; copy <name>.key_secret to each actor host only")
+    return 0
+
+
+def cmd_verifiers(args: argparse.Namespace, overrides: list[str]) -> int:
+    import asyncio
+
+    from actors.actor import endpoints_from
+    from transport import wire
+    from transport.zmq_transport import ActorSockets, Security
+
+    cfg = _load(args, overrides)
+    ep = endpoints_from(cfg, args.learner_addr)
+
+    async def ask() -> wire.AdminReply:
+        t = cfg.transport
+        s = ActorSockets(ep, "admin", Security(t.curve, t.keys_dir, "admin"))
+        try:
+            await s.work.send(wire.Admin(args.action, {"name": args.name, "path": args.to or ""}))
+            while True:
+                msg = await s.work.recv(timeout_s=args.timeout)
+                if isinstance(msg, wire.AdminReply):
+                    return msg
+        finally:
+            s.close()
+
+    try:
+        reply = asyncio.run(ask())
+    except asyncio.TimeoutError:
+        print(f"brorl verifiers: no answer from the learner at {ep.url(ep.work_port)}", file=sys.stderr)
+        return 1
+    print(reply.message, file=sys.stdout if reply.ok else sys.stderr)
+    return 0 if reply.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,18 +171,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="all roles on this machine: the default job")
     _config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation before and after")
     p.set_defaults(func=cmd_run)
 
-    for role, text in (
-        ("actor", "a vLLM actor: generate groups, score them, stream them to the learner"),
-        ("learner", "the learner service: admit groups, train, broadcast weights"),
-        ("eval", "pass@1 / pass@k of a checkpoint on held-out prompts"),
-    ):
-        p = sub.add_parser(role, help=text)
-        _config_args(p)
-        if role == "actor":
-            p.add_argument("--learner", dest="learner_addr", help="tcp://HOST:PORT of the learner")
-        p.set_defaults(func=_not_built(role))
+    p = sub.add_parser("actor", help="a vLLM actor: generate groups, score them, stream them to the learner")
+    _config_args(p)
+    p.add_argument("--learner", dest="learner_addr", help="tcp://HOST:PORT of the learner's work port")
+    p.add_argument("--actor-id", default="actor-0", help="unique name of this actor")
+    p.set_defaults(func=cmd_actor)
+
+    p = sub.add_parser("learner", help="the learner service: admit groups, train, broadcast weights")
+    _config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from run.run_dir's latest checkpoint")
+    p.set_defaults(func=cmd_learner)
+
+    p = sub.add_parser("eval", help="pass@1 / pass@k of a checkpoint on held-out prompts")
+    _config_args(p)
+    p.add_argument("--checkpoint", default=None, help="Hugging Face model folder (default: model.path)")
+    p.add_argument("--out", default=None, help="write the result as JSON (and a .md table) here")
+    p.add_argument("--k", type=int, default=None, help="samples per prompt (default run.eval_samples = 16)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("sft", help="warm-start the model (supervised) until held-out pass@1 is in a band")
+    _config_args(p)
+    p.add_argument("--out", default=None, help="output folder (default: overwrite model.path)")
+    p.add_argument("--min-pass", type=float, default=0.15)
+    p.add_argument("--max-pass", type=float, default=0.6)
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("keys", help="create CURVE key pairs for the learner and named actors")
+    p.add_argument("action", choices=["generate"])
+    p.add_argument("--dir", default="runs/keys", help="keys folder (transport.keys_dir)")
+    p.add_argument("--actors", default="actor-0", help="comma-separated actor names")
+    p.set_defaults(func=cmd_keys)
+
+    p = sub.add_parser("verifiers", help="change verifiers of a running job")
+    p.add_argument("action", choices=["swap", "status"])
+    p.add_argument("name", nargs="?", default="", help="verifier name to replace or add")
+    p.add_argument("--to", default=None, help="dotted path of the new verifier (module or module:attr)")
+    p.add_argument("--learner", dest="learner_addr", help="tcp://HOST:PORT of the learner's work port")
+    p.add_argument("--timeout", type=float, default=30.0)
+    _config_args(p)
+    p.set_defaults(func=cmd_verifiers)
 
     p = sub.add_parser("simulate", help="token-level simulator of paper section 4.1")
     p.add_argument("--out", default="runs/simulate", help="folder for CSV and PNG")
@@ -124,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--out", default=None, help="output folder (default: model.path of the config)")
     p.add_argument("--force", action="store_true", help="rebuild even if the folder holds a model")
+    p.add_argument("--no-sft", action="store_true", help="skip the supervised warm start (random weights)")
     p.set_defaults(func=cmd_make_tiny_model)
 
     p = sub.add_parser("config", help="print the resolved configuration")
@@ -136,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    takes_overrides = args.func not in (cmd_simulate,)
+    takes_overrides = args.func not in (cmd_simulate, cmd_keys)
     if rest and not takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:

@@ -15,6 +15,7 @@ Message kinds and where they travel:
     WorkAssignment  learner ROUTER -> actor DEALER
     GroupAck        learner ROUTER -> actor DEALER   (group ids received; the actor may forget them)
     Snapshot        learner ROUTER -> actor DEALER   (current control state, for a (re)joining actor)
+    Admin           operator DEALER -> learner ROUTER (`brorl verifiers swap`), answered by AdminReply
     RolloutGroup    actor PUSH    -> learner PULL
     Control         learner PUB   -> actor SUB
 """
@@ -60,6 +61,8 @@ class WorkRequest:
     """Prompts the actor can take now (its free capacity)."""
     version: int
     """Policy version of the actor's weights."""
+    returned: list[int] = field(default_factory=list)
+    """Prompt ids handed back unanswered (aborted at a weight update); the learner re-issues them."""
 
 
 @dataclass
@@ -82,6 +85,28 @@ class Heartbeat:
     """Prompts accepted and not yet sent back."""
     unacked: int
     """Groups sent and not yet acknowledged."""
+    checksum: str = ""
+    """Checksum of the weights loaded for `version` (transport/weights.py), "" before any update."""
+    verifiers: dict[str, str] = field(default_factory=dict)
+    """Verifier name -> "path@version" in force on this actor (acknowledges hot swaps)."""
+    error: str = ""
+    """Last error worth the learner's log (e.g. a rejected verifier swap), else empty."""
+
+
+@dataclass
+class Admin:
+    command: str
+    """Operator command: "swap" (args: name, path) or "status"."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Command arguments."""
+
+
+@dataclass
+class AdminReply:
+    ok: bool
+    """Whether the command was carried out."""
+    message: str
+    """What happened (or why not)."""
 
 
 @dataclass
@@ -167,18 +192,22 @@ class RolloutGroup:
 _ARRAYS = ("prompt_ids", "lengths", "tokens", "logprobs", "rewards", "correct", "finish")
 _ARRAY_DTYPES = dict(zip(_ARRAYS, ("int32", "int32", "int32", "float32", "float32", "uint8", "uint8")))
 _HEADER_ONLY = {"work_request": WorkRequest, "hello": Hello, "heartbeat": Heartbeat,
-                "assignment": WorkAssignment, "ack": GroupAck, "snapshot": Snapshot, "control": Control}
+                "assignment": WorkAssignment, "ack": GroupAck, "snapshot": Snapshot, "control": Control,
+                "admin": Admin, "admin_reply": AdminReply}
 _KIND_OF = {cls: kind for kind, cls in _HEADER_ONLY.items()} | {RolloutGroup: "group"}
 
 # field name -> accepted python types, per header-only kind (validated on decode)
 _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "work_request": {"actor_id": (str,), "credits": (int,), "version": (int,)},
+    "work_request": {"actor_id": (str,), "credits": (int,), "version": (int,), "returned": (list,)},
     "hello": {"actor_id": (str,), "version": (int,), "sync_token": (str,)},
-    "heartbeat": {"actor_id": (str,), "version": (int,), "inflight": (int,), "unacked": (int,)},
+    "heartbeat": {"actor_id": (str,), "version": (int,), "inflight": (int,), "unacked": (int,),
+                  "checksum": (str,), "verifiers": (dict,), "error": (str,)},
     "assignment": {"items": (list,)},
     "ack": {"group_ids": (list,)},
     "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,)},
     "control": {"seq": (int,), "kind": (str,), "payload": (dict,)},
+    "admin": {"command": (str,), "args": (dict,)},
+    "admin_reply": {"ok": (bool,), "message": (str,)},
 }
 _GROUP_FIELDS = {"group_id": (str,), "prompt_id": (int,), "actor_id": (str,), "policy_version": (int,),
                  "verifier": (str,), "verifier_version": (str,), "timings": (dict,), "reasons": (list,)}
@@ -252,8 +281,10 @@ def _decode_header_only(kind: str, header: dict) -> Any:
         return WorkAssignment(items)
     if kind == "ack":
         _check(all(isinstance(g, str) for g in body["group_ids"]), "ack: group_ids must be strings")
-    if kind in ("work_request", "heartbeat"):
-        _check(body.get("credits", 0) >= 0, f"{kind}: credits must be >= 0")
+    if kind == "work_request":
+        _check(body["credits"] >= 0, "work_request: credits must be >= 0")
+        _check(all(isinstance(i, int) and not isinstance(i, bool) for i in body["returned"]),
+               "work_request: returned must be prompt ids")
     if kind == "control":
         _check(body["kind"] in CONTROL_KINDS, f"control: unknown kind {body['kind']!r}")
     if kind == "snapshot":

@@ -1,0 +1,101 @@
+"""Verifier scoring off the generation path: a process pool that survives bad verifiers.
+
+Each completion is scored in a worker process (spawned, so no state from the vLLM process leaks in) by
+the verifier at a dotted path (workers import and cache verifiers by path, so a hot swap reaches them
+with the next task). A verifier that raises gives reward 0 with the error as reason; one that hangs past
+`timeout_s` or kills its worker process gives reward 0 with reason "timeout" / "worker crashed", the
+pool is rebuilt, and the remaining completions are scored again. The event loop never waits on a
+verifier except through `await`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import multiprocessing as mp
+from dataclasses import dataclass
+
+from verifiers.base import VerifierResult
+
+_CACHE: dict[str, object] = {}
+
+
+def _score_in_worker(path: str, completion: str, reference: str) -> tuple[float, bool, str, str]:
+    from verifiers.registry import load
+
+    v = _CACHE.get(path)
+    if v is None:
+        v = _CACHE[path] = load(path)
+    try:
+        r = v.score(completion, reference)
+        return float(r.reward), bool(r.correct), r.reason, v.version
+    except Exception as e:
+        return 0.0, False, f"error: {type(e).__name__}: {str(e)[:200]}", v.version
+
+
+@dataclass
+class Scored:
+    result: VerifierResult
+    version: str
+
+
+class ScoringPool:
+    def __init__(self, workers: int = 1, timeout_s: float = 5.0):
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.restarts = 0
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+
+    def _restart(self) -> None:
+        old = self._pool
+        for p in list((getattr(old, "_processes", None) or {}).values()):
+            try:
+                p.kill()
+            except Exception:
+                pass
+        old.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+        self.restarts += 1
+
+    async def score(self, path: str, version: str, completions: list[str], reference: str) -> list[Scored]:
+        """Score every completion; always returns len(completions) results, in order."""
+        loop = asyncio.get_running_loop()
+        out: list[Scored | None] = [None] * len(completions)
+        attempts = [0] * len(completions)
+        todo = list(range(len(completions)))
+        while todo:
+            futs = {i: loop.run_in_executor(self._pool, _score_in_worker, path, completions[i], reference)
+                    for i in todo}
+            budget = self.timeout_s * -(-len(todo) // self.workers)  # every worker busy the whole time
+            done, pending = await asyncio.wait(futs.values(), timeout=budget)
+            crashed = False
+            for i, f in futs.items():
+                if f in pending:  # still running past its time: a hung verifier
+                    out[i] = Scored(VerifierResult(0.0, False, "timeout"), version)
+                    continue
+                exc = f.exception()
+                if exc is None:
+                    reward, correct, reason, ver = f.result()
+                    out[i] = Scored(VerifierResult(reward, correct, reason), ver)
+                elif isinstance(exc, cf.process.BrokenProcessPool):
+                    crashed = True  # some task killed its worker; innocent ones get one more try
+                    attempts[i] += 1
+                    if attempts[i] >= 2:
+                        out[i] = Scored(VerifierResult(0.0, False, "worker crashed"), version)
+                else:
+                    out[i] = Scored(VerifierResult(0.0, False, f"error: {type(exc).__name__}: {exc}"), version)
+            if pending or crashed:
+                for f in pending:
+                    f.cancel()
+                self._restart()
+            todo = [i for i in todo if out[i] is None]
+        return [s for s in out if s is not None]
+
+    def close(self) -> None:
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.kill()

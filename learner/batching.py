@@ -1,0 +1,247 @@
+"""The learner's bookkeeping between sockets and training step, each piece small and socket-free.
+
+Dispatcher  owns the data cursor: prompt ids are positions in the seeded train-task stream. It grants
+            up to the requested credits (bounded by the room the batcher leaves), re-issues prompts that
+            come back unanswered, and knows which granted prompts are not yet consumed (trained on or
+            dropped by dynamic sampling) — that set and the next fresh id are its checkpoint state, so a
+            resumed run hands out exactly the prompts the interrupted one had not consumed, then carries on.
+Admission   drops groups older than `max_staleness` versions (counted, prompt re-issued).
+Batcher     dynamic sampling with backfill: drops all-correct / all-wrong groups as they arrive (counted
+            by reason) and releases a batch once B kept groups are there.
+Membership  which actors are alive and in the weight group; checks their reported weight checksums.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Iterator
+
+import numpy as np
+
+from config.schema import BrorlConfig
+from learner.train_step import Group
+from transport import wire
+
+log = logging.getLogger("brorl.learner")
+ALIVE_S = 15.0
+
+
+def to_train_group(g: wire.RolloutGroup) -> Group:
+    return Group(
+        prompt_ids=g.prompt_ids.tolist(),
+        completion_ids=[c.tolist() for c in g.completions()],
+        behav_logp=[c.tolist() for c in g.completion_logprobs()],
+        rewards=g.rewards.tolist(),
+        correct=[bool(c) for c in g.correct],
+        version=g.policy_version,
+    )
+
+
+wire.RolloutGroup.to_train_group = to_train_group  # convenience: group.to_train_group()
+
+
+class TaskStream:
+    """Random access into the deterministic train-task stream (extended lazily)."""
+
+    def __init__(self, cfg: BrorlConfig, split: str = "train"):
+        from verifiers.datasets import task_source
+
+        self._it: Iterator = task_source(cfg.verifiers.task, cfg.run.seed, split, cfg.verifiers.difficulty)
+        self._cache: list = []
+
+    def __getitem__(self, i: int):
+        while len(self._cache) <= i:
+            self._cache.append(next(self._it))
+        return self._cache[i]
+
+
+class Dispatcher:
+    def __init__(self, cfg: BrorlConfig, tasks: TaskStream | None = None):
+        self.tasks = tasks or TaskStream(cfg)
+        self.next_id = 0
+        self.requeue: collections.deque[int] = collections.deque()
+        self.outstanding: set[int] = set()  # granted, not yet answered
+        self.pending: set[int] = set()  # granted, not yet consumed (includes outstanding and buffered)
+        self.max_outstanding = cfg.learner.prompts_per_step * 2
+        self.granted_log: list[int] = []
+
+    @property
+    def cursor(self) -> int:
+        return self.next_id
+
+    def grant(self, actor_id: str, credits: int, room: int) -> list[wire.PromptItem]:
+        n = max(0, min(credits, room, self.max_outstanding - len(self.outstanding)))
+        items = []
+        for _ in range(n):
+            pid = self.requeue.popleft() if self.requeue else self._fresh()
+            t = self.tasks[pid]
+            items.append(wire.PromptItem(pid, t.prompt, t.reference, t.verifier, t.task_id))
+            self.outstanding.add(pid)
+            self.pending.add(pid)
+            self.granted_log.append(pid)
+        return items
+
+    def _fresh(self) -> int:
+        pid = self.next_id
+        self.next_id += 1
+        return pid
+
+    def answered(self, pid: int) -> None:
+        self.outstanding.discard(pid)
+
+    def give_back(self, pids: list[int]) -> None:
+        for pid in pids:
+            if pid in self.pending and pid not in self.requeue:
+                self.outstanding.discard(pid)
+                self.requeue.append(pid)
+
+    def commit(self, consumed: list[int]) -> None:
+        for pid in consumed:
+            self.pending.discard(pid)
+            self.outstanding.discard(pid)
+
+    def state(self) -> dict:
+        return {"next_id": self.next_id, "pending": sorted(self.pending)}
+
+    def load_state(self, st: dict) -> None:
+        self.next_id = int(st["next_id"])
+        self.pending = set()
+        self.outstanding = set()
+        self.requeue = collections.deque(sorted(int(p) for p in st["pending"]))
+
+
+class Admission:
+    """Staleness = the step at which a sample is trained − the version that generated it. Checked when a
+    group arrives (already too old: dropped) and again when its batch is trained (`check_batch`), which is
+    also where the histogram is recorded."""
+
+    def __init__(self, max_staleness: int):
+        self.max_staleness = max_staleness
+        self.staleness: collections.Counter[int] = collections.Counter()
+        self.dropped_stale = 0
+
+    def admit(self, g: wire.RolloutGroup, step: int) -> bool:
+        if step - g.policy_version > self.max_staleness:
+            self.dropped_stale += 1
+            return False
+        return True
+
+    def check_batch(self, groups: list[wire.RolloutGroup], step: int) -> tuple[list, list]:
+        """-> (groups to train, groups too stale to train). Records the trained samples' staleness."""
+        keep, stale = [], []
+        for g in groups:
+            s = step - g.policy_version
+            if s > self.max_staleness:
+                stale.append(g)
+                self.dropped_stale += 1
+            else:
+                keep.append(g)
+                self.staleness[max(s, 0)] += g.n
+        return keep, stale
+
+    def take_stats(self, step: int) -> dict:
+        hist = {f"staleness_{k}": float(v) for k, v in sorted(self.staleness.items())}
+        total = sum(self.staleness.values())
+        out = {**hist, "staleness_mean": sum(k * v for k, v in self.staleness.items()) / total if total else 0.0,
+               "drop_stale": float(self.dropped_stale)}
+        self.staleness.clear()
+        self.dropped_stale = 0
+        return out
+
+
+class Batcher:
+    def __init__(self, groups_per_step: int, dynamic_sampling: bool = True):
+        self.B = groups_per_step
+        self.dynamic_sampling = dynamic_sampling
+        self.kept: list[wire.RolloutGroup] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.stats = {"generated": 0, "kept_samples": 0, "tokens": 0, "reward_sum": 0.0, "correct_sum": 0.0,
+                      "drop_all_correct": 0, "drop_all_wrong": 0, "groups_received": 0}
+        self.consumed_ids: list[int] = []
+
+    def room(self) -> int:
+        return max(0, 2 * self.B - len(self.kept))
+
+    def add(self, g: wire.RolloutGroup) -> None:
+        s = self.stats
+        s["generated"] += g.n
+        s["groups_received"] += 1
+        s["tokens"] += int(g.lengths.sum())
+        s["reward_sum"] += float(g.rewards.sum())
+        s["correct_sum"] += float(g.correct.sum())
+        n_correct = int(g.correct.sum())
+        if self.dynamic_sampling and n_correct == g.n:
+            s["drop_all_correct"] += 1
+            self.consumed_ids.append(g.prompt_id)
+        elif self.dynamic_sampling and n_correct == 0:
+            s["drop_all_wrong"] += 1
+            self.consumed_ids.append(g.prompt_id)
+        else:
+            self.kept.append(g)
+            s["kept_samples"] += g.n
+
+    def pop(self, n: int) -> list[wire.RolloutGroup]:
+        """Up to n kept groups, oldest first."""
+        out, self.kept = self.kept[:n], self.kept[n:]
+        return out
+
+    def take_stats(self) -> dict:
+        s = self.stats
+        gen = max(s["generated"], 1)
+        out = {
+            "generated": float(s["generated"]), "tokens": float(s["tokens"]),
+            "rollout_reward": s["reward_sum"] / gen, "rollout_accuracy": s["correct_sum"] / gen,
+            "pass_rate": s["kept_samples"] / gen, "drop_all_correct": float(s["drop_all_correct"]),
+            "drop_all_wrong": float(s["drop_all_wrong"]), "groups_received": float(s["groups_received"]),
+            "consumed_ids": list(self.consumed_ids),
+        }
+        self._reset()
+        return out
+
+
+class Membership:
+    def __init__(self):
+        self.last_seen: dict[str, float] = {}
+        self.group: list[str] = []
+        self.synced_version = -1
+        self.expected: dict[int, str] = {}
+        self.checksum_ok = 0
+        self.checksum_mismatch = 0
+        self.versions: dict[str, int] = {}
+
+    def hello(self, actor_id: str) -> None:
+        self.last_seen[actor_id] = time.monotonic()
+        if actor_id in self.group:  # a restarted actor: its old group membership is gone
+            self.group = []
+
+    def seen(self, actor_id: str) -> None:
+        self.last_seen[actor_id] = time.monotonic()
+
+    def heartbeat(self, hb: wire.Heartbeat) -> None:
+        self.seen(hb.actor_id)
+        if self.versions.get(hb.actor_id) != hb.version and hb.checksum and hb.version in self.expected:
+            if hb.checksum == self.expected[hb.version]:
+                self.checksum_ok += 1
+            else:
+                self.checksum_mismatch += 1
+                log.error("actor %s reports weights %s for version %d, expected %s", hb.actor_id, hb.checksum,
+                          hb.version, self.expected[hb.version])
+        self.versions[hb.actor_id] = hb.version
+        if hb.error:
+            log.warning("actor %s: %s", hb.actor_id, hb.error)
+
+    def alive(self) -> list[str]:
+        now = time.monotonic()
+        return sorted(a for a, t in self.last_seen.items() if now - t < ALIVE_S)
+
+    def drop_silent(self) -> None:
+        now = time.monotonic()
+        for a in [a for a, t in self.last_seen.items() if now - t >= ALIVE_S]:
+            del self.last_seen[a]
+
+    def needs_sync(self, version: int) -> bool:
+        return version > 0 and (self.synced_version < version or self.group != self.alive())
