@@ -92,6 +92,8 @@ class Actor:
         self._update_event = asyncio.Event()
         self._in_group = False
         self._joining: asyncio.Task | None = None
+        self._fatal: BaseException | None = None
+        self._fatal_event = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -119,10 +121,10 @@ class Actor:
                 (self._work_loop(), "work"), (self._weights_loop(), "weights"),
                 (self._heartbeat_loop(), "heartbeat"))]
             stop = asyncio.create_task(self.stopping.wait(), name="stop-signal")
-            done, _ = await asyncio.wait([stop, *workers], return_when=asyncio.FIRST_COMPLETED)
-            for d in done:
-                if d is not stop and d.exception() is not None:
-                    raise d.exception()
+            fatal = asyncio.create_task(self._fatal_event.wait(), name="fatal-watch")
+            await asyncio.wait([stop, fatal, *workers], return_when=asyncio.FIRST_COMPLETED)
+            if self._fatal is not None:
+                raise self._fatal
             await self._drain()
             return 0
         finally:
@@ -135,8 +137,15 @@ class Actor:
     def _spawn(self, coro, name: str) -> asyncio.Task:
         task = asyncio.create_task(coro, name=f"{self.actor_id}:{name}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._fatal is None:
+            self._fatal = RuntimeError(f"task {task.get_name()} died: {task.exception()!r}")
+            self._fatal.__cause__ = task.exception()
+            self._fatal_event.set()
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """No new work; wait for in-flight groups to be generated, sent and acknowledged."""
@@ -264,6 +273,21 @@ class Actor:
                 self._spawn(self._group(rid, item), f"group-{item.prompt_id}")
 
     async def _group(self, rid: str, item: wire.PromptItem) -> None:
+        """One prompt end to end. Whatever fails, the prompt is either sent as a group or handed back."""
+        try:
+            await self._generate_score_send(rid, item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if "EngineDead" in type(e).__name__ or getattr(self.engine, "errored", False):
+                raise  # the engine is gone: stop the actor with this error (the supervisor restarts it)
+            self.last_error = f"prompt {item.prompt_id}: {type(e).__name__}: {e}"
+            log.exception("group for prompt %d failed; handing the prompt back", item.prompt_id)
+            self.returned.append(item.prompt_id)
+        finally:
+            self.inflight.pop(rid, None)
+
+    async def _generate_score_send(self, rid: str, item: wire.PromptItem) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 

@@ -67,14 +67,24 @@ class ScoringPool:
         attempts = [0] * len(completions)
         todo = list(range(len(completions)))
         while todo:
-            futs = {i: loop.run_in_executor(self._pool, _score_in_worker, path, completions[i], reference)
-                    for i in todo}
+            pool = self._pool
+            try:
+                futs = {i: loop.run_in_executor(pool, _score_in_worker, path, completions[i], reference)
+                        for i in todo}
+            except RuntimeError:  # the pool was shut down by a concurrent restart between our steps
+                await asyncio.sleep(0.05)
+                continue
             budget = self.timeout_s * -(-len(todo) // self.workers)  # every worker busy the whole time
             done, pending = await asyncio.wait(futs.values(), timeout=budget)
             crashed = False
             for i, f in futs.items():
                 if f in pending:  # still running past its time: a hung verifier
                     out[i] = Scored(VerifierResult(0.0, False, "timeout"), version)
+                    continue
+                if f.cancelled():  # another group's failure restarted the shared pool: just retry
+                    attempts[i] += 1
+                    if attempts[i] >= 5:
+                        out[i] = Scored(VerifierResult(0.0, False, "worker crashed"), version)
                     continue
                 exc = f.exception()
                 if exc is None:
@@ -90,7 +100,8 @@ class ScoringPool:
             if pending or crashed:
                 for f in pending:
                     f.cancel()
-                self._restart()
+                if pool is self._pool:  # not already replaced by a concurrent caller
+                    self._restart()
             todo = [i for i in todo if out[i] is None]
         return [s for s in out if s is not None]
 

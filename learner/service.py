@@ -11,9 +11,11 @@ watch are named background tasks; if any dies, `run` stops with its error instea
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
+from pathlib import Path
 
 from config.schema import BrorlConfig
 from learner.batching import Admission, Batcher, Dispatcher, Membership
@@ -72,6 +74,8 @@ class LearnerService:
                                              bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
                                              backend=t.weight_backend, host=t.host)
         self.metrics = MetricsWriter(cfg.run.run_dir)
+        # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
+        self.ledger = open(Path(cfg.run.run_dir) / "ledger.jsonl", "a")
         self.stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -92,7 +96,9 @@ class LearnerService:
             self.version = self.trainer.state.step                 # version + 1
             await self.publish_weights()                           # broadcast
             t3 = time.monotonic()
-            self.dispatcher.commit([g.prompt_id for g in groups] + stats.pop("consumed_ids"))
+            dropped = stats.pop("consumed_ids")
+            self.dispatcher.commit([g.prompt_id for g in groups] + dropped)
+            self._record({"step": step + 1, "trained": [g.prompt_id for g in groups], "dropped": dropped})
             if self.version % self.cfg.learner.checkpoint_interval == 0:
                 await asyncio.to_thread(self.ckpt.save, self)
             self.metrics.write(step + 1, {**m, **stats, **self.admission.take_stats(step),
@@ -147,11 +153,17 @@ class LearnerService:
                 self.members.seen(msg.actor_id)
                 self.dispatcher.give_back(msg.returned)
                 items = self.dispatcher.grant(msg.actor_id, msg.credits, self.batcher.room())
+                if items:
+                    self._record({"granted": [i.prompt_id for i in items], "actor": msg.actor_id})
                 await self.sockets.work.send(ident, wire.WorkAssignment(items))
             elif isinstance(msg, wire.Heartbeat):
                 self.members.heartbeat(msg)
             elif isinstance(msg, wire.Admin):
                 await self.sockets.work.send(ident, await self.admin(msg))
+
+    def _record(self, row: dict) -> None:
+        self.ledger.write(json.dumps(row) + "\n")
+        self.ledger.flush()
 
     async def admin(self, msg: wire.Admin) -> wire.AdminReply:
         """Operator commands. A verifier swap is validated here first (import + self-test), then
@@ -204,4 +216,5 @@ class LearnerService:
             for t in [train, *self._tasks]:
                 t.cancel()
             self.metrics.close()
+            self.ledger.close()
             self.sockets.close()

@@ -1,0 +1,92 @@
+"""A scriptable learner for actor tests: real sockets and a real weight group, no training."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import torch
+
+from transport import wire
+from transport.weights import WeightBroadcaster
+from transport.zmq_transport import Endpoints, LearnerSockets
+from verifiers import synthetic
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeLearner:
+    def __init__(self, model: torch.nn.Module):
+        base = free_port()  # actors derive the rollout and control ports from the work port (+1, +2)
+        self.sockets = LearnerSockets(Endpoints("127.0.0.1", base, base + 1, base + 2))
+        self.ep = self.sockets.endpoints
+        self.model = model
+        self.groups: list[wire.RolloutGroup] = []
+        self.requests: list[tuple[float, wire.WorkRequest]] = []
+        self.heartbeats: list[wire.Heartbeat] = []
+        self.hellos: list[str] = []
+        self.returned: list[int] = []
+        self.grant = True
+        self.tasks = synthetic.generate(11, 1, "train")
+        self.next_id = 0
+        self.broadcaster = WeightBroadcaster(lambda: self.model.state_dict().items(), bucket_mb=1, timeout_s=60)
+        self._tasks = [asyncio.create_task(self._work(), name="fake:work"),
+                       asyncio.create_task(self._rollouts(), name="fake:rollouts")]
+
+    @property
+    def work_url(self) -> str:
+        return f"tcp://127.0.0.1:{self.ep.work_port}"
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            ident, msg = await self.sockets.work.recv()
+            if isinstance(msg, wire.Hello):
+                self.hellos.append(msg.actor_id)
+                await self.sockets.answer_hello(ident, msg)
+            elif isinstance(msg, wire.WorkRequest):
+                self.requests.append((loop.time(), msg))
+                self.returned += msg.returned
+                items = []
+                if self.grant:
+                    for _ in range(msg.credits):
+                        t = next(self.tasks)
+                        items.append(wire.PromptItem(self.next_id, t.prompt, t.reference, t.verifier, t.task_id))
+                        self.next_id += 1
+                await self.sockets.work.send(ident, wire.WorkAssignment(items))
+            elif isinstance(msg, wire.Heartbeat):
+                self.heartbeats.append(msg)
+
+    async def _rollouts(self) -> None:
+        while True:
+            g = await self.sockets.rollouts.recv()
+            self.groups.append(g)
+            await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([g.group_id]))
+
+    async def wait_groups(self, n: int, timeout_s: float = 120.0, where=lambda g: True) -> list[wire.RolloutGroup]:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while loop.time() < end:
+            got = [g for g in self.groups if where(g)]
+            if len(got) >= n:
+                return got
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"only {len([g for g in self.groups if where(g)])} of {n} groups arrived")
+
+    async def push_weights(self, actor_ids: list[str], version: int) -> str:
+        """Rendezvous with the actors, announce the version, broadcast; returns the checksum."""
+        info, offsets = self.broadcaster.rendezvous_info(free_port(), [1] * len(actor_ids))
+        await self.sockets.control.publish("weights", rendezvous=info, plan=self.broadcaster.plan.to_dict(),
+                                           offsets=dict(zip(actor_ids, offsets)))
+        await self.broadcaster.open(info)
+        await self.sockets.control.publish("version", version=version)
+        return await self.broadcaster.broadcast()
+
+    def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        self.sockets.close()
