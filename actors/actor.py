@@ -92,6 +92,8 @@ class Actor:
         self._update_event = asyncio.Event()
         self._in_group = False
         self._joining: asyncio.Task | None = None
+        self._group_name: str | None = None
+        self._learner_stopped = False
         self._fatal: BaseException | None = None
         self._fatal_event = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -150,6 +152,8 @@ class Actor:
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """No new work; wait for in-flight groups to be generated, sent and acknowledged."""
         self.paused = True
+        if self._learner_stopped:
+            timeout_s = 3.0  # unacknowledged groups are regenerated after a resume: don't wait for acks
         deadline = time.monotonic() + timeout_s
         while (self.inflight or self.sockets.rollouts.unacked) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
@@ -165,6 +169,19 @@ class Actor:
             self.version = 0  # the learner has not trained yet: the weights on disk are version 0
         for name, path in snap.verifiers.items():
             self._swap(name, path)
+        if snap.weights:  # a rendezvous published while we were joining: it may be waiting for us
+            self._on_weights(snap.weights)
+
+    def _on_weights(self, payload: dict) -> None:
+        offsets = payload.get("offsets", {})
+        group = payload.get("rendezvous", {}).get("group_name")
+        if group is not None and group == self._group_name:
+            return  # already joined (or joining) this group
+        self._in_group = False
+        if self.actor_id in offsets:
+            self._group_name = group
+            self._joining = self._spawn(self._join(payload["rendezvous"], int(offsets[self.actor_id]),
+                                                   payload["plan"]), "weights-join")
 
     def _swap(self, name: str, path: str) -> None:
         try:
@@ -192,16 +209,13 @@ class Actor:
                     self._update_target = self.latest
                     self._update_event.set()
             elif msg.kind == "weights":
-                offsets = msg.payload.get("offsets", {})
-                self._in_group = False
-                if self.actor_id in offsets:
-                    self._joining = self._spawn(self._join(msg.payload["rendezvous"], int(offsets[self.actor_id]),
-                                                           msg.payload["plan"]), "weights-join")
+                self._on_weights(msg.payload)
             elif msg.kind == "swap":
                 self._swap(msg.payload["name"], msg.payload["path"])
             elif msg.kind in ("pause", "resume"):
                 self.paused = msg.kind == "pause"
-            elif msg.kind == "stop":
+            elif msg.kind == "stop":  # the learner is finishing: nothing more will be acknowledged
+                self._learner_stopped = True
                 self.stopping.set()
 
     async def _join(self, info: dict, offset: int, plan: dict) -> None:

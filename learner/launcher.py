@@ -59,23 +59,24 @@ class Launcher:
             self._start(f"actor-{i}", ["actor", "--config", str(cfg_path), "--actor-id", f"actor-{i}"])
 
     def stop(self, timeout_s: float = 90.0) -> None:
-        """SIGTERM every process we started (learner first: it checkpoints), then wait; SIGKILL stragglers."""
+        """SIGTERM the learner and wait for it (it finishes the step in hand, writes a checkpoint and tells
+        the actors to stop), then SIGTERM the actors and wait; SIGKILL whatever outlives the timeout."""
         self._stopping = True
-        order = ["learner"] + [n for n in self.procs if n != "learner"]
-        for name in order:
-            p = self.procs.get(name)
-            if p and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for name in order:
-            p = self.procs.get(name)
-            if p is None:
-                continue
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        learner = [n for n in self.procs if n == "learner"]
+        actors = [n for n in self.procs if n != "learner"]
+        for group in (learner, actors):
+            for name in group:
+                p = self.procs[name]
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            for name in group:
+                p = self.procs[name]
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
 
     def wait(self) -> int:
         """Until the learner exits; actors that die are restarted. Returns the learner's exit code."""

@@ -131,6 +131,8 @@ class Snapshot:
     """Verifier name -> dotted path currently in force."""
     paused: bool = False
     """Whether generation is paused."""
+    weights: dict[str, Any] = field(default_factory=dict)
+    """Payload of the latest "weights" rendezvous (empty if none): a joining actor named in it joins."""
 
 
 @dataclass
@@ -204,7 +206,8 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
                   "checksum": (str,), "verifiers": (dict,), "error": (str,)},
     "assignment": {"items": (list,)},
     "ack": {"group_ids": (list,)},
-    "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,)},
+    "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,),
+                 "weights": (dict,)},
     "control": {"seq": (int,), "kind": (str,), "payload": (dict,)},
     "admin": {"command": (str,), "args": (dict,)},
     "admin_reply": {"ok": (bool,), "message": (str,)},

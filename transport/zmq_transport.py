@@ -211,9 +211,10 @@ class ControlPublisher:
         self.version = 0
         self.verifiers: dict[str, str] = {}
         self.paused = False
+        self.weights: dict[str, Any] = {}
 
     def snapshot(self) -> wire.Snapshot:
-        return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused)
+        return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused, dict(self.weights))
 
     async def publish(self, kind: str, **payload: Any) -> wire.Control:
         self.seq += 1
@@ -223,6 +224,8 @@ class ControlPublisher:
             self.verifiers[payload["name"]] = payload["path"]
         elif kind in ("pause", "resume"):
             self.paused = kind == "pause"
+        elif kind == "weights":
+            self.weights = dict(payload)
         msg = wire.Control(self.seq, kind, payload)
         await self.sock.send_multipart(wire.encode(msg))
         return msg
