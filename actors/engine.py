@@ -14,12 +14,14 @@ from config.schema import ActorConfig, ModelConfig
 
 
 WORKER_EXTENSION = "transport.vllm_ext.BrorlWorkerExtension"
-WEIGHT_ENGINES = {"gloo": "brorl_gloo", "nccl": "nccl"}
+# Our engines (transport/vllm_ext.py) on both: one protocol — buckets, versions, checksums, a rendezvous
+# per membership change — over gloo on CPUs and NCCL on GPUs.
+WEIGHT_ENGINES = {"gloo": "brorl_gloo", "nccl": "brorl_nccl"}
 
 
 def engine_kwargs(model: ModelConfig, actor: ActorConfig, seed: int = 0, weight_backend: str = "gloo") -> dict[str, Any]:
     """Keyword arguments for `vllm.LLM` / `AsyncEngineArgs`. The weight-transfer engine is always
-    configured (gloo on CPU, vLLM's NCCL engine on GPUs) and the worker extension that registers ours
+    configured (gloo on CPU, NCCL on GPUs) and the worker extension that registers ours
     and reports the loaded weights' version and checksum is always loaded."""
     return dict(
         model=model.path,

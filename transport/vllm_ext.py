@@ -1,6 +1,6 @@
 """Code that runs inside vLLM's worker processes.
 
-Importing this module registers the `brorl_gloo` weight-transfer engine with vLLM's
+Importing this module registers the `brorl_gloo` and `brorl_nccl` weight-transfer engines with vLLM's
 `WeightTransferEngineFactory`. vLLM imports it in every worker because the engine is started with
 `worker_extension_cls="transport.vllm_ext.BrorlWorkerExtension"`, which happens before the worker
 creates its weight-transfer engine (vLLM 0.26 and 0.32 both resolve the extension class first).
@@ -33,7 +33,6 @@ from transport.weights import (
     unpack_bucket,
 )
 
-ENGINE_NAME = "brorl_gloo"
 
 
 @dataclass
@@ -57,8 +56,12 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+    """Bucketed, versioned, checksummed receive over a torch process group of our own (gloo here;
+    `NcclWeightTransferEngine` below is the same over NCCL with device buffers)."""
+
     init_info_cls = GlooInitInfo
     update_info_cls = GlooUpdateInfo
+    backend = "gloo"
 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
@@ -73,7 +76,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         rank = init_info.rank_offset + dp_rank * pc.world_size + pc.rank
         self.shutdown()
         self.pg, self._store = open_group(init_info.master_address, init_info.master_port, rank,
-                                          init_info.world_size, init_info.group_name, init_info.timeout_s)
+                                          init_info.world_size, init_info.group_name, init_info.timeout_s,
+                                          self.backend)
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -91,7 +95,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         plan = WeightPlan(update_info.names, update_info.dtype_names, update_info.shapes, update_info.buckets)
         sums = []
         for first, last, nbytes in plan.buckets:
-            flat = torch.empty(nbytes, dtype=torch.uint8)
+            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device if self.backend == "nccl" else "cpu")
             broadcast_bucket(self.pg, flat)
             sums.append(bucket_checksum(flat))
             self.model.load_weights(unpack_bucket(flat, plan, first, last))
@@ -105,12 +109,27 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def shutdown(self) -> None:
         self.pg, self._store = None, None
 
+    @classmethod
+    def trainer_send_weights(cls, *args: Any, **kwargs: Any) -> None:
+        """Abstract in vLLM 0.26's base class (absent in 0.32): our trainer side is
+        `transport.weights.WeightBroadcaster`, so this engine never sends."""
+        raise NotImplementedError("brorl learners send with transport.weights.WeightBroadcaster")
+
+
+class NcclWeightTransferEngine(GlooWeightTransferEngine):
+    backend = "nccl"
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.receive_weights(self.parse_update_info(update_info))
+        torch.cuda.synchronize()
+
 
 def register() -> None:
-    try:
-        WeightTransferEngineFactory.register_engine(ENGINE_NAME, GlooWeightTransferEngine)
-    except ValueError:
-        pass  # already registered in this process
+    for name, cls in (("brorl_gloo", GlooWeightTransferEngine), ("brorl_nccl", NcclWeightTransferEngine)):
+        try:
+            WeightTransferEngineFactory.register_engine(name, cls)
+        except ValueError:
+            pass  # already registered in this process
 
 
 register()

@@ -3,8 +3,9 @@
 Learner side: `WeightBroadcaster`. Actor side: `WeightReceiver`, which drives vLLM's weight-transfer API
 (`init_weight_transfer_engine`, `start_weight_update`, `update_weights`, `finish_weight_update`, all
 worker methods reached through `collective_rpc`, present in vLLM 0.26 and 0.32 alike) with the engine
-we register for CPUs, `brorl_gloo` (`transport/vllm_ext.py`). On GPUs the same plan and checksum apply
-over NCCL (`backend="nccl"`; see `transport/vllm_ext.py`).
+we register, `brorl_gloo` on CPUs and `brorl_nccl` on GPUs (`transport/vllm_ext.py`): one protocol over
+either backend. (vLLM's own `nccl` engine speaks a different, packed protocol driven from a trainer that
+holds the engine client; ours lets actors join and leave a running job, so we keep one engine for both.)
 
 Protocol:
   1. Rendezvous (once per membership change — the first actor, a restarted or late actor): the learner
