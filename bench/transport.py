@@ -1,0 +1,166 @@
+"""Transport benchmark: rollout groups over loopback ZeroMQ, with and without CURVE.
+
+    python -m bench.transport [--quick]
+
+A sender process pushes N = 512 groups with 1k- or 8k-token completions (token ids + behaviour
+log-probs, the real wire format) as fast as credits allow; this process receives with the learner's
+`RolloutReceiver` (full validation, dedup) and acknowledges each group, as the learner does. Reports
+groups/s, samples/s, MB/s, p50/p99 latency (send -> validated receive) and the receiver process's CPU use
+(process CPU seconds / wall seconds, libzmq I/O thread included). The target: at least 20× the ~210
+samples/s that one H200 generates for a 1.5B model (shared/gpu/README.md), i.e. 4,200 samples/s, with
+the receiver on at most one core. Writes bench/results/transport.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_SAMPLES_S = 20 * 210
+
+
+def sender(port: int, groups: int, n: int, length: int, curve_dir: str) -> None:
+    from transport import wire
+    from transport.zmq_transport import ActorSockets, Endpoints, Security
+
+    async def go():
+        sec = Security(bool(curve_dir), curve_dir or "x", "bench")
+        a = ActorSockets(Endpoints("127.0.0.1", port, port + 1, port + 2), "bench", sec, hwm=64, max_unacked=16)
+        rng = np.random.default_rng(0)
+        lengths = np.full(n, length, np.int32)
+        tokens = rng.integers(0, 150_000, n * length, dtype=np.int32)
+        logps = -rng.random(n * length, dtype=np.float32)
+
+        async def acks():
+            while True:
+                msg = await a.work.recv()
+                if isinstance(msg, wire.GroupAck):
+                    a.rollouts.ack(msg.group_ids)
+
+        t = asyncio.create_task(acks())
+        await a.work.send(wire.Hello("bench", 0, ""))  # register the DEALER identity for acks
+        for _ in range(groups):
+            g = wire.RolloutGroup(a.rollouts.next_group_id(), 0, "bench", 0, "synthetic", "1",
+                                  np.arange(64, dtype=np.int32), lengths, tokens, logps,
+                                  np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.uint8),
+                                  timings={"sent_at": time.time()})
+            await a.rollouts.send(g)
+        while a.rollouts.unacked:
+            await asyncio.sleep(0.01)
+        t.cancel()
+        a.close()
+
+    asyncio.run(go())
+
+
+async def receive(port: int, groups: int, curve_dir: str) -> dict:
+    from transport import wire
+    from transport.zmq_transport import Endpoints, LearnerSockets, Security
+
+    ls = LearnerSockets(Endpoints("127.0.0.1", port, port + 1, port + 2), Security(bool(curve_dir), curve_dir or "x"))
+    ident = None
+
+    async def hello():
+        nonlocal ident
+        while True:
+            i, msg = await ls.work.recv()
+            if isinstance(msg, wire.Hello):
+                ident = i
+
+    h = asyncio.create_task(hello())
+    lat, nbytes, samples = [], 0, 0
+    t0 = c0 = None
+    for _ in range(groups):
+        g = await ls.rollouts.recv()
+        if t0 is None:
+            t0, c0 = time.perf_counter(), time.process_time()
+        lat.append(time.time() - g.timings["sent_at"])
+        nbytes += g.tokens.nbytes + g.logprobs.nbytes + g.lengths.nbytes + g.prompt_ids.nbytes
+        samples += g.n
+        while ident is None:
+            await asyncio.sleep(0.001)
+        await ls.work.send(ident, wire.GroupAck([g.group_id]))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    h.cancel()
+    ls.close()
+    k = max(groups - 1, 1)  # the first group starts the clock
+    return {"groups_per_s": k / wall, "samples_per_s": samples * k / groups / wall, "MB_per_s": nbytes * k / groups / wall / 1e6,
+            "latency_p50_ms": 1e3 * float(np.percentile(lat, 50)), "latency_p99_ms": 1e3 * float(np.percentile(lat, 99)),
+            "receiver_cores": cpu / wall}
+
+
+def case(length: int, curve: bool, groups: int, n: int = 512) -> dict:
+    from tests.fake_learner import free_port
+    from transport import security
+
+    port = free_port()
+    curve_dir = ""
+    if curve:
+        curve_dir = tempfile.mkdtemp(prefix="bench-keys-")
+        security.generate(curve_dir, ["bench"])
+    proc = subprocess.Popen([sys.executable, "-m", "bench.transport", "--sender", json.dumps(
+        [port, groups, n, length, curve_dir])], cwd=ROOT)
+    try:
+        res = asyncio.run(asyncio.wait_for(receive(port, groups, curve_dir), 60))
+    except asyncio.TimeoutError:
+        proc.kill()
+        return {"completion_tokens": length, "N": n, "curve": curve, "groups": groups, "error": "timed out",
+                "meets_target": False}
+    finally:
+        if proc.poll() is None:
+            proc.kill() if proc.wait(timeout=120) is None else None
+    return {"completion_tokens": length, "N": n, "curve": curve, "groups": groups, **res,
+            "meets_target": res["samples_per_s"] >= TARGET_SAMPLES_S and res["receiver_cores"] <= 1.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sender", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.sender:
+        sender(*json.loads(args.sender))
+        return
+    from bench.common import table, write_json
+
+    rows = []
+    for length, groups in ((1024, 30 if args.quick else 120), (8192, 6 if args.quick else 24)):
+        for curve in (False, True):
+            rows.append(case(length, curve, groups))
+            print(f"  {length}-token completions, curve={curve}: {rows[-1]['samples_per_s']:.0f} samples/s", file=sys.stderr)
+    print(f"\nRollout groups of N = 512 over loopback (target: >= {TARGET_SAMPLES_S} samples/s on <= 1 core)")
+    print(table(rows, ["completion_tokens", "curve", "groups_per_s", "samples_per_s", "MB_per_s", "latency_p50_ms",
+                       "latency_p99_ms", "receiver_cores", "meets_target"]))
+    path = write_json("transport", {"target_samples_per_s": TARGET_SAMPLES_S, "rows": rows})
+    _plot(rows, path.with_suffix(".png"))
+    print(f"\nwrote {path}")
+
+
+def _plot(rows, out) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = [f"{r['completion_tokens'] // 1024}k tok{' +CURVE' if r['curve'] else ''}" for r in rows]
+    ax.bar(labels, [r["samples_per_s"] for r in rows])
+    ax.axhline(TARGET_SAMPLES_S, color="red", ls="--", label="20× one H200's generation rate")
+    ax.set_yscale("log")
+    ax.set_ylabel("samples / s (N = 512 groups)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
