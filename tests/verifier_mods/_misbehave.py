@@ -1,0 +1,21 @@
+"""One misbehaving verifier, parameterised by what it does wrong inside scoring workers."""
+
+import multiprocessing
+import os
+import time
+
+from verifiers import synthetic
+
+
+def make(kind: str):
+    def score(completion, reference):
+        if multiprocessing.current_process().name != "MainProcess":  # only inside scoring workers
+            if kind == "raises":
+                raise RuntimeError("verifier exploded")
+            if kind == "hangs":
+                time.sleep(3600)
+            if kind == "crashes":
+                os._exit(13)
+        return synthetic.score(completion, reference)
+
+    return score
