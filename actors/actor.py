@@ -14,6 +14,12 @@ model on disk). On a new version it stops admitting prompts, finishes or aborts 
 (`actor.in_flight_on_update`; aborted prompts go back to the learner), receives the weights, resets the
 prefix cache and resumes. Every group carries the version that generated it.
 
+Engine death (the EngineCore process crashed or was killed): the actor rebuilds the engine in place, up
+to `actor.max_engine_restarts` times, and reports it (log and heartbeat error): prompts in flight go back
+to the learner, the new engine starts from the weights on disk, so the actor says hello again and takes no
+work until the learner's next rendezvous has given it the current weights. One death beyond the limit
+stops the actor with the error, for its supervisor to restart.
+
 Every background task is named; if one dies the actor stops with its error. SIGTERM drains: no new
 work, in-flight groups finish and are acknowledged (bounded), then the engine and the verifier pool shut
 down and the process exits 0.
@@ -30,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from actors.engine import engine_kwargs, offline_env
+from actors.engine import completion_arrays, engine_kwargs, offline_env, sampling_params
 from actors.scoring import ScoringPool
 from config.schema import BrorlConfig
 from transport import wire
@@ -63,6 +69,13 @@ class ActorStats:
     aborted: int = 0
     updates: int = 0
     idle_weight_s: float = 0.0
+    """Seconds the engine had nothing to do because of weights: loading an update (after in-flight work
+    finished) or gated by max_staleness while waiting for the next one."""
+    update_s: float = 0.0
+    idle_s: float = 0.0
+    """Seconds the engine had no request at all (any reason: weights, the staleness gate, no work granted
+    because the learner's freshness bound was reached, paused), counted from the first weights on."""
+    engine_restarts: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -97,19 +110,16 @@ class Actor:
         self._fatal: BaseException | None = None
         self._fatal_event = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self._restarting: asyncio.Task | None = None
+        self._idle_since: float | None = None  # engine without requests since (None: busy or not started)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
         offline_env()
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        kw = engine_kwargs(self.cfg.model, self.cfg.actor, seed=self.cfg.run.seed,
-                           weight_backend=self.cfg.transport.weight_backend)
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+        self.engine = self._make_engine()
         self.receiver = WeightReceiver(self.engine, is_async=True)
         self.pool = ScoringPool(self.cfg.verifiers.workers, self.cfg.verifiers.timeout_s)
         t = self.cfg.transport
@@ -118,6 +128,7 @@ class Actor:
         try:
             snap = await self.sockets.sync(self.version, timeout_s=120)
             self._apply_snapshot(snap)
+            self._idle_since = time.monotonic()  # the idle clock starts with the job
             workers = [self._spawn(c, n) for c, n in (
                 (self._inbox_loop(), "inbox"), (self._control_loop(), "control"),
                 (self._work_loop(), "work"), (self._weights_loop(), "weights"),
@@ -135,6 +146,59 @@ class Actor:
             self.pool.close()
             self.sockets.close()
             self.engine.shutdown()
+
+    def _make_engine(self):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        kw = engine_kwargs(self.cfg.model, self.cfg.actor, seed=self.cfg.run.seed,
+                           weight_backend=self.cfg.transport.weight_backend)
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+
+    def _engine_dead(self, err: BaseException | None = None) -> bool:
+        """True if the engine is gone (and starts its restart, once)."""
+        dead = (err is not None and "EngineDead" in type(err).__name__) or bool(getattr(self.engine, "errored", False))
+        if dead and self._restarting is None:
+            why = f"{type(err).__name__}: {err}" if err is not None else "engine reported errored"
+            self._restarting = self._spawn(self._restart_engine(why[:300]), "engine-restart")
+        return dead
+
+    async def _restart_engine(self, why: str) -> None:
+        """Rebuild a dead engine in place; see the module docstring."""
+        limit = self.cfg.actor.max_engine_restarts
+        self.stats.engine_restarts += 1
+        if self.stats.engine_restarts > limit:
+            raise RuntimeError(f"vLLM engine died {self.stats.engine_restarts} times (limit "
+                               f"actor.max_engine_restarts = {limit}); last: {why}")
+        self.last_error = f"vLLM engine died ({why}); restarting it ({self.stats.engine_restarts}/{limit})"
+        log.error(self.last_error)
+        self.updating = True  # no generation starts, no weight update runs
+        self.version = -1  # the new engine holds the disk weights: no work until the learner's broadcast
+        self._in_group = False
+        if self._joining is not None:
+            self._joining.cancel()
+            self._joining = None
+        # the weights group we were in (self._group_name) stays "seen", so a snapshot that still carries its
+        # rendezvous is not re-joined; the learner forms a new group once it sees our hello
+        if self.inflight:
+            self.stats.aborted += len(self.inflight)
+            try:
+                await asyncio.wait_for(self._gen_idle.wait(), 30)  # their generate() calls fail fast
+            except asyncio.TimeoutError:
+                pass
+        try:
+            self.engine.shutdown()
+        except Exception as e:  # a dead engine may not shut down cleanly; its processes are gone anyway
+            log.warning("shutting down the dead engine: %s", e)
+        t0 = time.monotonic()
+        self.engine = await asyncio.to_thread(self._make_engine)
+        self.receiver = WeightReceiver(self.engine, is_async=True)
+        returned, self.returned = self.returned, []
+        await self.sockets.work.send(wire.WorkRequest(self.actor_id, 0, self.version, returned))
+        await self.sockets.work.send(wire.Hello(self.actor_id, self.version, uuid.uuid4().hex))
+        self.updating = False
+        self._restarting = None
+        log.info("vLLM engine restarted in %.1f s; waiting for the current weights", time.monotonic() - t0)
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
         task = asyncio.create_task(coro, name=f"{self.actor_id}:{name}")
@@ -219,9 +283,20 @@ class Actor:
                 self.stopping.set()
 
     async def _join(self, info: dict, offset: int, plan: dict) -> None:
-        await self.receiver.join(info, offset, plan)
-        self._in_group = True
-        self._joining = None
+        """Join a weight group. A failed join is reported, not fatal: the learner's side of the same
+        rendezvous fails too, and it regroups with a fresh rendezvous."""
+        try:
+            if self._restarting is not None:  # join with the new engine, not the dead one
+                await asyncio.wait([self._restarting])
+            await self.receiver.join(info, offset, plan)
+            self._in_group = True
+        except Exception as e:
+            self.last_error = f"joining weight group {info.get('group_name')} failed: {type(e).__name__}: {e}"
+            log.error(self.last_error)
+            self._engine_dead(e)
+        finally:
+            if self._joining is asyncio.current_task():
+                self._joining = None
 
     async def _weights_loop(self) -> None:
         while True:
@@ -231,23 +306,29 @@ class Actor:
             t0 = time.monotonic()
             self.updating = True  # from here no new generation starts (see _group)
             if self._joining is not None:  # the version may arrive before our join call returned
-                await self._joining
+                await asyncio.wait([self._joining])  # (never raises, even if a restart cancelled it)
             if self.cfg.actor.in_flight_on_update == "abort":
                 ids = [rid for rid in self.inflight]
                 if ids:
                     await self.engine.abort(ids)
             await self._gen_idle.wait()  # in-flight generation finished (or aborted)
+            t_idle = time.monotonic()  # from here the engine has nothing to do until the weights are in
             try:
+                if self._restarting is not None:
+                    raise RuntimeError("the engine is being restarted")
                 self.version, self.checksum = await self.receiver.receive(target)
             except Exception as e:  # the learner's side failed or timed out: wait for a new rendezvous
+                self._engine_dead(e)
                 self.last_error = f"weight update to version {target} failed: {type(e).__name__}: {e}"
                 log.error(self.last_error)
                 self._in_group = False
             else:
                 await self.engine.reset_prefix_cache()
-            self.updating = False
+            if self._restarting is None:
+                self.updating = False
             self.stats.updates += 1
-            self.stats.idle_weight_s += time.monotonic() - t0
+            self.stats.idle_weight_s += time.monotonic() - t_idle
+            self.stats.update_s += time.monotonic() - t0
 
     updating = False
 
@@ -271,7 +352,11 @@ class Actor:
         while not self.stopping.is_set():
             free = self.capacity - len(self.inflight)
             if not self._may_admit() or free < self.cfg.actor.prompts_per_request:
+                t = time.monotonic()
                 await asyncio.sleep(0.02)
+                if self.generating == 0 and not self.updating and self.version >= 0 and not self.paused and \
+                        self.latest - self.version > self.cfg.learner.max_staleness:
+                    self.stats.idle_weight_s += time.monotonic() - t  # gated by staleness, engine empty
                 continue
             returned, self.returned = self.returned, []
             await self.sockets.work.send(wire.WorkRequest(self.actor_id, free, self.version, returned))
@@ -293,8 +378,9 @@ class Actor:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            if "EngineDead" in type(e).__name__ or getattr(self.engine, "errored", False):
-                raise  # the engine is gone: stop the actor with this error (the supervisor restarts it)
+            if self._engine_dead(e):  # the engine is gone: it is being rebuilt; the prompt goes back
+                self.returned.append(item.prompt_id)
+                return
             self.last_error = f"prompt {item.prompt_id}: {type(e).__name__}: {e}"
             log.exception("group for prompt %d failed; handing the prompt back", item.prompt_id)
             self.returned.append(item.prompt_id)
@@ -302,26 +388,28 @@ class Actor:
             self.inflight.pop(rid, None)
 
     async def _generate_score_send(self, rid: str, item: wire.PromptItem) -> None:
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         a = self.cfg.actor
-        while self.updating:  # never generate while weights are being loaded
-            await asyncio.sleep(0.01)
+        while self.updating or self.version < 0:  # never generate while weights are being loaded (or
+            await asyncio.sleep(0.01)  # before a rebuilt engine has the learner's weights)
         version = self.version  # no await between this check and generating += 1: atomic in asyncio
         t0 = time.monotonic()
+        if self.generating == 0 and self._idle_since is not None:
+            self.stats.idle_s += t0 - self._idle_since
+            self._idle_since = None
         self.generating += 1
         self._gen_idle.clear()
         final = None
         try:
-            sp = SamplingParams(n=a.n_samples, temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens,
-                                stop=list(a.stop) or None, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
+            sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY)
             async for out in self.engine.generate(item.prompt, sp, rid):
                 final = out
         finally:
             self.generating -= 1
             if self.generating == 0:
                 self._gen_idle.set()
+                self._idle_since = time.monotonic()
         outs = final.outputs if final is not None else []
         if len(outs) != a.n_samples or any(o.finish_reason == "abort" for o in outs):
             self.stats.aborted += 1
@@ -341,15 +429,12 @@ class Actor:
             self.stats.errors.append(f"prompt {item.prompt_id}: verifier failure, group dropped")
             self.inflight.pop(rid, None)
             return
-        lengths = np.array([len(o.token_ids) for o in outs], dtype=np.int32)
-        tokens = np.concatenate([np.asarray(o.token_ids, dtype=np.int32) for o in outs])
-        logps = np.concatenate([np.array([lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)], np.float32)
-                                for o in outs])
+        lengths, tokens, logps = completion_arrays(outs)
         group = wire.RolloutGroup(
             group_id=self.sockets.rollouts.next_group_id(), prompt_id=item.prompt_id, actor_id=self.actor_id,
             policy_version=version, verifier=item.verifier, verifier_version=scored[0].version,
             prompt_ids=np.asarray(final.prompt_token_ids, dtype=np.int32), lengths=lengths, tokens=tokens,
-            logprobs=np.minimum(logps, 0.0), rewards=np.array([s.result.reward for s in scored], np.float32),
+            logprobs=logps, rewards=np.array([s.result.reward for s in scored], np.float32),
             correct=np.array([s.result.correct for s in scored], np.uint8),
             finish=np.array([FINISH_CODES.get(o.finish_reason or "stop", 0) for o in outs], np.uint8),
             timings={"generate": t1 - t0, "score": time.monotonic() - t1},
@@ -364,10 +449,21 @@ class Actor:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
+            if self._restarting is None:
+                self._engine_dead()  # an engine that died while idle is noticed here
             await self.sockets.rollouts.resend_stale()
+            st = self.stats
             await self.sockets.work.send(wire.Heartbeat(
                 self.actor_id, self.version, len(self.inflight), len(self.sockets.rollouts.unacked),
-                self.checksum, {n: f"{self.paths[n]}@{v}" for n, v in self.versions.items()}, self.last_error))
+                self.checksum, {n: f"{self.paths[n]}@{v}" for n, v in self.versions.items()}, self.last_error,
+                {"samples": st.samples, "tokens": st.tokens, "groups_sent": st.groups_sent, "aborted": st.aborted,
+                 "updates": st.updates, "engine_restarts": st.engine_restarts, "idle_s": self.idle_s(),
+                 "idle_weight_s": st.idle_weight_s}))
+
+    def idle_s(self) -> float:
+        """Engine idle seconds so far, the current idle stretch included."""
+        now = time.monotonic()
+        return self.stats.idle_s + (now - self._idle_since if self._idle_since is not None and self.generating == 0 else 0.0)
 
 
 def main(cfg: BrorlConfig, actor_id: str, learner_addr: str | None) -> int:

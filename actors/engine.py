@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from config.schema import ActorConfig, ModelConfig
 
 
@@ -62,4 +64,37 @@ def sampling_params(actor: ActorConfig, n: int | None = None, **over: Any):
         logprobs=0,  # the sampled token's log-prob only
     )
     kw.update(over)
+    if kw.get("logprobs") is not None and _has_flat_logprobs():
+        # one flat list per request instead of a dict and a Logprob object per token: at N = 512 the
+        # per-token objects were the actor's main cost of asking for log-probs (bench/actor.py)
+        kw.setdefault("flat_logprobs", True)
     return SamplingParams(**kw)
+
+
+def _has_flat_logprobs() -> bool:
+    from vllm import SamplingParams
+
+    fields = getattr(SamplingParams, "__struct_fields__", None) or getattr(SamplingParams, "__dataclass_fields__", {})
+    return "flat_logprobs" in fields
+
+
+def completion_arrays(outs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A group's completions (vLLM `CompletionOutput`s, requested with `logprobs=0`) as the wire wants
+    them: lengths [N] int32, tokens [Σ] int32 and each sampled token's behaviour log-prob [Σ] float32
+    (clamped to <= 0: float rounding can report +1e-7 for a certain token)."""
+    lengths = np.fromiter((len(o.token_ids) for o in outs), dtype=np.int32, count=len(outs))
+    total = int(lengths.sum())
+    tokens = np.fromiter((t for o in outs for t in o.token_ids), dtype=np.int32, count=total)
+    if outs and all(_flat_sampled_only(o) for o in outs):  # FlatLogprobs: entry i is token i's log-prob
+        logps = np.fromiter((x for o in outs for x in o.logprobs.logprobs), dtype=np.float32, count=total)
+    else:
+        logps = np.fromiter((lp[t].logprob for o in outs for lp, t in zip(o.logprobs, o.token_ids)),
+                            dtype=np.float32, count=total)
+    return lengths, tokens, np.minimum(logps, 0.0)
+
+
+def _flat_sampled_only(o) -> bool:
+    """A FlatLogprobs holding exactly the sampled token at every position (logprobs=0)."""
+    lp = o.logprobs
+    return hasattr(lp, "start_indices") and len(lp.logprobs) == len(o.token_ids) == len(lp) \
+        and lp.token_ids == list(o.token_ids)

@@ -81,3 +81,27 @@ def run_isolated(module: str, args: list[str], timeout: float = 1800) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"{module} {args} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout: float = 3600) -> dict:
+    """Run `brorl run --no-eval` (every role, as processes) into `run_dir`; returns its metrics rows,
+    held-out rows (run.eval_interval), summary and wall seconds. Raises with the log tail on failure."""
+    import shutil
+
+    from learner import metrics as metrics_mod
+
+    run_dir = Path(run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    args = [f"--{k}={v}" for k, v in {**overrides, "run.run_dir": str(run_dir)}.items()]
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "config.cli", "run", "--config", preset, "--no-eval", *args],
+                         capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+    wall = time.monotonic() - t0
+    if out.returncode != 0:
+        logs = "".join(p.read_text()[-1500:] for p in sorted((run_dir / "logs").glob("*.log"))) if (run_dir / "logs").exists() else ""
+        raise RuntimeError(f"brorl run {args} failed ({out.returncode}):\n{out.stdout[-1500:]}\n{logs}")
+    held = [json.loads(line) for line in (run_dir / "heldout.jsonl").read_text().splitlines()] \
+        if (run_dir / "heldout.jsonl").exists() else []
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    return {"metrics": metrics_mod.read(run_dir / "metrics.jsonl"), "heldout": held, "summary": summary, "wall_s": wall}

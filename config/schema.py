@@ -79,6 +79,11 @@ class ActorConfig(_Section):
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation (debugging; slower)."""
 
+    max_engine_restarts: int = Field(3, ge=0)
+    """Times an actor rebuilds a dead vLLM engine in place (in-flight prompts go back to the learner, the
+    actor rejoins the weight group); one death more stops the actor with the error, for its supervisor
+    (`brorl run`, Ray, Docker) to restart."""
+
 
 class LearnerConfig(_Section):
     steps: int = Field(20, ge=1)
@@ -216,6 +221,11 @@ class RunConfig(_Section):
 
     eval_samples: int = Field(16, ge=1)
     """k samples per prompt for pass@1 (paper: 16, temperature 0.6, top_p 0.95)."""
+
+    eval_interval: int = Field(0, ge=0)
+    """Every this many steps (and before the first), the learner estimates held-out pass@1 itself with
+    transformers (k = `eval_samples`, temperature 0.6, top_p 0.95) into `heldout.jsonl` and the metrics
+    (`heldout_pass_at_1`). 0 = off; meant for small models (it pauses training while it runs)."""
 
 
 class BrorlConfig(_Section):

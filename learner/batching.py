@@ -1,10 +1,15 @@
 """The learner's bookkeeping between sockets and training step, each piece small and socket-free.
 
 Dispatcher  owns the data cursor: prompt ids are positions in the seeded train-task stream. It grants
-            up to the requested credits (bounded by the room the batcher leaves), re-issues prompts that
-            come back unanswered, and knows which granted prompts are not yet consumed (trained on or
-            dropped by dynamic sampling) — that set and the next fresh id are its checkpoint state, so a
-            resumed run hands out exactly the prompts the interrupted one had not consumed, then carries on.
+            up to the requested credits, bounded by the room the batcher leaves and by freshness: an actor
+            whose weights are version v gets a prompt only if the prompts already pending (granted, not
+            yet consumed) can be trained before step v + max_staleness, i.e. pending < (v + K − step + 1)
+            · B / keep_rate, with keep_rate the dynamic-sampling keep rate (running estimate). So what an
+            actor generates is trained, not dropped as stale, and K sets how far generation may run
+            ahead of training. It re-issues prompts that come back unanswered, and knows which granted
+            prompts are not yet consumed (trained on or dropped by dynamic sampling) — that set and the
+            next fresh id are its checkpoint state, so a resumed run hands out exactly the prompts the
+            interrupted one had not consumed, then carries on.
 Admission   drops groups older than `max_staleness` versions (counted, prompt re-issued).
 Batcher     dynamic sampling with backfill: drops all-correct / all-wrong groups as they arrive (counted
             by reason) and releases a batch once B kept groups are there.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 from typing import Iterator
 
@@ -64,15 +70,32 @@ class Dispatcher:
         self.requeue: collections.deque[int] = collections.deque()
         self.outstanding: set[int] = set()  # granted, not yet answered
         self.pending: set[int] = set()  # granted, not yet consumed (includes outstanding and buffered)
-        self.max_outstanding = cfg.learner.prompts_per_step * 2
+        self.B = cfg.learner.prompts_per_step
+        self.max_staleness = cfg.learner.max_staleness
+        self.keep_rate = 1.0  # kept groups / received groups, running estimate (dynamic sampling)
         self.granted_log: list[int] = []
 
     @property
     def cursor(self) -> int:
         return self.next_id
 
-    def grant(self, actor_id: str, credits: int, room: int) -> list[wire.PromptItem]:
-        n = max(0, min(credits, room, self.max_outstanding - len(self.outstanding)))
+    def allowed_pending(self, step: int, actor_version: int) -> int:
+        """Prompts that may be pending for an actor at `actor_version` while the learner is at `step`."""
+        steps_fresh = actor_version + self.max_staleness - step + 1
+        return max(0, math.ceil(steps_fresh * self.B / self.keep_rate))
+
+    def observe_keep_rate(self, kept: int, received: int) -> None:
+        if received > 0:
+            self.keep_rate = min(1.0, max(0.25, 0.7 * self.keep_rate + 0.3 * kept / received))
+
+    def grant(self, actor_id: str, credits: int, room: int, *, step: int | None = None,
+              actor_version: int | None = None, settled: int = 0) -> list[wire.PromptItem]:
+        """`settled`: pending prompts already dropped by dynamic sampling (committed with the next step);
+        they will never be trained, so they do not count against the freshness bound."""
+        n = min(credits, room)
+        if step is not None and actor_version is not None:
+            n = min(n, self.allowed_pending(step, actor_version) - (len(self.pending) - settled))
+        n = max(0, n)
         items = []
         for _ in range(n):
             pid = self.requeue.popleft() if self.requeue else self._fresh()
@@ -166,6 +189,11 @@ class Batcher:
     def room(self) -> int:
         return max(0, 2 * self.B - len(self.kept))
 
+    def count_stale(self, g: wire.RolloutGroup) -> None:
+        """A group dropped as too stale on arrival: generated all the same (throughput counts it)."""
+        self.stats["generated"] += g.n
+        self.stats["tokens"] += int(g.lengths.sum())
+
     def add(self, g: wire.RolloutGroup) -> None:
         s = self.stats
         s["generated"] += g.n
@@ -212,11 +240,16 @@ class Membership:
         self.checksum_ok = 0
         self.checksum_mismatch = 0
         self.versions: dict[str, int] = {}
+        self.actor_stats: dict[str, dict[str, float]] = {}
 
-    def hello(self, actor_id: str) -> None:
+    def hello(self, actor_id: str) -> bool:
+        """Record a hello; True if it comes from a member of the current weight group, i.e. an actor (or
+        its engine) restarted: that group is gone for it, and its rendezvous must not be handed out again."""
         self.last_seen[actor_id] = time.monotonic()
-        if actor_id in self.group:  # a restarted actor: its old group membership is gone
+        if actor_id in self.group:
             self.group = []
+            return True
+        return False
 
     def seen(self, actor_id: str) -> None:
         self.last_seen[actor_id] = time.monotonic()
@@ -231,6 +264,7 @@ class Membership:
                 log.error("actor %s reports weights %s for version %d, expected %s", hb.actor_id, hb.checksum,
                           hb.version, self.expected[hb.version])
         self.versions[hb.actor_id] = hb.version
+        self.actor_stats[hb.actor_id] = dict(hb.stats)
         if hb.error:
             log.warning("actor %s: %s", hb.actor_id, hb.error)
 

@@ -78,10 +78,47 @@ class LearnerService:
         self.ledger = open(Path(cfg.run.run_dir) / "ledger.jsonl", "a")
         self.stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._eval_tasks = None
+        self._t_first: float | None = None  # first group's arrival: the origin of heldout wall_s
+        self._eval_s = 0.0
+        self.generated_total = 0  # samples generated since this process started (resume: counts afresh)
 
     # ------------------------------------------------------------------ the loop
+    async def heldout(self) -> float:
+        """Held-out pass@1 of the current policy (run.eval_interval), appended to heldout.jsonl."""
+        import torch
+
+        from learner.sft import estimate_pass_at_1
+        from verifiers.datasets import task_source
+
+        r = self.cfg.run
+        if self._eval_tasks is None:
+            src = task_source(self.cfg.verifiers.task, r.seed, "eval", self.cfg.verifiers.difficulty)
+            self._eval_tasks = [next(src) for _ in range(r.eval_prompts)]
+
+        def run() -> float:
+            with torch.random.fork_rng():  # sampling here must not shift the training RNG stream
+                torch.manual_seed(r.seed + self.version)
+                return estimate_pass_at_1(self.trainer.model, self.tokenizer, self._eval_tasks, k=r.eval_samples,
+                                          max_new_tokens=self.cfg.actor.max_tokens)
+
+        t0 = time.monotonic()
+        p = await asyncio.to_thread(run)
+        wall = 0.0 if self._t_first is None else t0 - self._t_first - self._eval_s
+        row = {"step": self.trainer.state.step, "version": self.version, "generated": self.generated_total,
+               "wall_s": wall, "eval_s": time.monotonic() - t0, "pass_at_1": p}
+        if self._t_first is not None:
+            self._eval_s += row["eval_s"]  # wall_s counts training time only
+        with open(Path(self.cfg.run.run_dir) / "heldout.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        log.info("held-out pass@1 at step %d: %.3f", row["step"], p)
+        return p
+
     async def train(self) -> None:
         steps = self.cfg.learner.steps
+        every = self.cfg.run.eval_interval
+        if every and self.trainer.state.step == 0:
+            await self.heldout()
         while self.trainer.state.step < steps and not self.stop.is_set():
             t0 = time.monotonic()
             groups = await self.collect_batch()            # admit → dynamic sampling → B kept groups
@@ -90,6 +127,7 @@ class LearnerService:
             t1 = time.monotonic()
             step = self.trainer.state.step
             stats = self.batcher.take_stats()
+            self.dispatcher.observe_keep_rate(len(groups), int(stats["groups_received"]))
             batch = [g.to_train_group() for g in groups]
             m = await asyncio.to_thread(self.trainer.step, batch)   # advantages → PPO + TIS
             t2 = time.monotonic()
@@ -101,10 +139,18 @@ class LearnerService:
             self._record({"step": step + 1, "trained": [g.prompt_id for g in groups], "dropped": dropped})
             if self.version % self.cfg.learner.checkpoint_interval == 0:
                 await asyncio.to_thread(self.ckpt.save, self)
-            self.metrics.write(step + 1, {**m, **stats, **self.admission.take_stats(step),
-                                          "wait_s": t1 - t0, "train_s": t2 - t1, "broadcast_s": t3 - t2,
-                                          "version": self.version, "samples_per_s": stats["generated"] / max(t3 - t0, 1e-9),
-                                          "tokens_per_s": stats["tokens"] / max(t3 - t0, 1e-9)})
+            self.generated_total += stats["generated"]
+            if every and (self.version % every == 0 or self.version == steps):
+                m["heldout_pass_at_1"] = await self.heldout()
+            actors = self.members.actor_stats.values()
+            self.metrics.write(step + 1, {
+                **m, **stats, **self.admission.take_stats(step),
+                "wait_s": t1 - t0, "train_s": t2 - t1, "broadcast_s": t3 - t2, "version": self.version,
+                "samples_per_s": stats["generated"] / max(t3 - t0, 1e-9),
+                "tokens_per_s": stats["tokens"] / max(t3 - t0, 1e-9),
+                # cumulative over the actors' current runs, from their heartbeats
+                "actor_idle_s": sum(a.get("idle_s", 0.0) for a in actors),
+                "actor_engine_restarts": sum(a.get("engine_restarts", 0) for a in actors)})
 
     async def collect_batch(self) -> list | None:
         step = self.trainer.state.step
@@ -147,12 +193,15 @@ class LearnerService:
         while True:
             ident, msg = await self.sockets.work.recv()
             if isinstance(msg, wire.Hello):
-                self.members.hello(msg.actor_id)
+                if self.members.hello(msg.actor_id):
+                    self.sockets.control.weights = {}  # stale: the next rendezvous forms a new group
                 await self.sockets.answer_hello(ident, msg)
             elif isinstance(msg, wire.WorkRequest):
                 self.members.seen(msg.actor_id)
                 self.dispatcher.give_back(msg.returned)
-                items = self.dispatcher.grant(msg.actor_id, msg.credits, self.batcher.room())
+                items = self.dispatcher.grant(msg.actor_id, msg.credits, self.batcher.room(),
+                                              step=self.trainer.state.step, actor_version=msg.version,
+                                              settled=len(self.batcher.consumed_ids))
                 if items:
                     self._record({"granted": [i.prompt_id for i in items], "actor": msg.actor_id})
                 await self.sockets.work.send(ident, wire.WorkAssignment(items))
@@ -188,12 +237,15 @@ class LearnerService:
     async def _rollout_task(self) -> None:
         while True:
             g = await self.sockets.rollouts.recv()
+            if self._t_first is None:
+                self._t_first = time.monotonic()
             acks = [g.group_id] + self.sockets.rollouts.take_duplicate_ids()
             await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(acks))
             self.dispatcher.answered(g.prompt_id)
             if self.admission.admit(g, self.trainer.state.step):
                 self.batcher.add(g)
             else:
+                self.batcher.count_stale(g)
                 self.dispatcher.give_back([g.prompt_id])
 
     async def run(self) -> int:

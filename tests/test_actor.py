@@ -2,8 +2,8 @@
 
 One actor process runs through a scripted scenario (engine start-up costs ~20-40 s, so it is paid once):
 groups with behaviour log-probs, a weight update through the transport, staleness gating under a learner
-that runs ahead, verifiers that raise / hang / kill their worker plus a rejected bad hot swap, and
-SIGTERM with no orphan process left. A second, short run checks N = 32.
+that runs ahead, verifiers that raise / hang / kill their worker plus a rejected bad hot swap, a killed
+engine rebuilt in place, and SIGTERM with no orphan process left. A second, short run checks N = 32.
 """
 
 import asyncio
@@ -120,8 +120,28 @@ async def test_actor_scenario(tiny_model_dir, tmp_path):
         after = await fl.wait_groups(n_before + 2, timeout_s=60)
         assert all(g.verifier_version == "1" for g in after[n_before:])  # the previous verifier stays
 
-        # 5. SIGTERM: a clean exit and no process of the actor's tree survives
-        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        # 5. engine death: SIGKILL the EngineCore. The actor rebuilds the engine in place and reports it, says
+        #    hello again, takes no work on the disk weights, and after the learner's next rendezvous
+        #    generates from the current weights
+        old_tree = psutil.Process(proc.pid).children(recursive=True)
+        core = [p for p in old_tree if "EngineCore" in p.name() + " ".join(p.cmdline())]
+        assert core, [p.name() for p in old_tree]
+        hellos = fl.hellos.count("a0")
+        os.kill(core[0].pid, signal.SIGKILL)
+        t_kill = loop.time()
+        while fl.hellos.count("a0") == hellos:
+            assert proc.poll() is None, "the actor died with its engine"
+            assert loop.time() - t_kill < 240, "no hello from a rebuilt engine"
+            await asyncio.sleep(0.2)
+        assert any("engine died" in h.error and "restarting" in h.error for h in fl.heartbeats)
+        await fl.push_weights(["a0"], version=4)
+        v4 = await fl.wait_groups(2, where=lambda g: g.policy_version == 4, timeout_s=180)
+        assert mismatch_kl(new, v4) < KL_BOUND
+        assert all(g.policy_version >= 0 for g in fl.groups)  # nothing generated before the weights came
+        assert proc.poll() is None
+
+        # 6. SIGTERM: a clean exit and no process of the actor's tree (nor of the dead engine's) survives
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True) + old_tree]
         assert tree, "expected engine and scoring processes under the actor"
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 90) == 0

@@ -10,7 +10,7 @@ import pytest
 
 from config.loader import load_config
 from learner.checkpoint import Checkpointer
-from learner.launcher import Launcher
+from learner.launcher import Launcher, _heldout, status_lines
 from learner.metrics import read
 
 
@@ -44,7 +44,7 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     cfg = load_config("tiny-cpu", {
         "model.path": warm_model_dir, "run.run_dir": str(run_dir), "learner.steps": 10,
         "learner.checkpoint_interval": 2, "learner.prompts_per_step": 4, "actor.n_samples": 8,
-        "transport.work_port": 0, "transport.rollout_port": 0, "transport.control_port": 0,
+        "run.eval_interval": 5, "run.eval_prompts": 16, "run.eval_samples": 4, "transport.work_port": 0, "transport.rollout_port": 0, "transport.control_port": 0,
     })
     # fixed free ports (0 would let each process pick its own)
     from tests.fake_learner import free_port
@@ -95,3 +95,9 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "reports weights" not in learner_log  # no checksum mismatch was reported
     assert "weight sync" not in learner_log  # and no weight sync failed (e.g. a lost rendezvous)
+    # the learner's own held-out estimates: before training, every 5 steps, at the end; the live display
+    held = _heldout(run_dir)
+    assert [h["step"] for h in held][0] == 0 and held[-1]["step"] == 10
+    assert all(0.0 <= h["pass_at_1"] <= 1.0 for h in held)
+    panel = status_lines(rows, 10, 0, held)
+    assert panel[0].startswith("[brorl run] step   10/10") and "10:" in panel[3] and "100.0%" in panel[1]

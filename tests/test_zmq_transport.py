@@ -129,6 +129,25 @@ async def test_curve_admits_listed_actor_and_rejects_others(tmp_path):
         ls.close()
 
 
+async def test_curve_multi_megabyte_groups_arrive_intact(tmp_path):
+    """Regression: right after the CURVE handshake libzmq can report POLLIN and then answer EAGAIN; that
+    used to escape `recv` and stall the stream of multi-MB groups."""
+    keys = security.generate(tmp_path / "keys", ["big"])
+    ls = LearnerSockets(EP, Security(curve=True, keys_dir=keys))
+    try:
+        a = ActorSockets(ls.endpoints, "big", Security(True, keys))
+        sent = [make_group(f"big:{i}", n=512, length=1024, seed=i) for i in range(5)]  # 4 MiB each
+        for g in sent:
+            await a.rollouts.send(g)
+        for g in sent:
+            got = await asyncio.wait_for(ls.rollouts.recv(), 20)
+            assert got.group_id == g.group_id
+            assert (got.tokens == g.tokens).all() and (got.logprobs == g.logprobs).all()
+        a.close()
+    finally:
+        ls.close()
+
+
 @pytest.mark.slow
 async def test_fuzzing_every_bound_socket_while_valid_traffic_flows():
     ls = LearnerSockets(EP, hwm=100_000)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
@@ -79,12 +80,14 @@ def make_plan(named: Iterable[tuple[str, torch.Tensor]], bucket_mb: float) -> We
 
 
 def pack_bucket(tensors: list[torch.Tensor], nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    flat = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     off = 0
     for t in tensors:
         n = t.numel() * t.element_size()
         flat[off: off + n].copy_(t.detach().contiguous().view(-1).view(torch.uint8))
+        flat[off + n: off + _align(n)].zero_()  # padding is part of the checksum: keep it defined
         off += _align(n)
+    flat[off:].zero_()
     return flat
 
 
@@ -102,14 +105,31 @@ def unpack_bucket(flat: torch.Tensor, plan: WeightPlan, first: int, last: int) -
 
 
 def bucket_checksum(flat: torch.Tensor) -> int:
-    """Position-weighted sum of the bucket's 32-bit words, mod 2^64 (order-independent to compute,
-    identical on CPU and GPU). Sensitive to any changed, missing or moved byte."""
-    pad = (-flat.numel()) % 4
-    if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad)])
-    words = flat.view(torch.int32).to(torch.int64)
-    weights = torch.arange(words.numel(), device=flat.device, dtype=torch.int64) % 65521 + 1
-    return int((words * weights).sum().item()) & MASK64
+    """Fletcher-style checksum of a uint8 bucket, read as 64-bit words w_p: (S2 + K·S1) mod 2^64 with
+    S1 = Σ w_p and S2 = Σ (p+1)·w_p (trailing bytes count as words of their own). Sensitive to any
+    changed, missing or moved word; integer sums wrap mod 2^64 in any order, so CPU and GPU agree bit for
+    bit. Computed as a row and a column reduction of a [R, 1024] view, two memory-bound passes without
+    large temporaries (the learner and every receiver pay it per update)."""
+    if flat.storage_offset() % 8 or not flat.is_contiguous():
+        flat = flat.contiguous().clone()
+    n8 = flat.numel() // 8
+    words = flat[: n8 * 8].view(torch.int64)
+    cols_n = 1024
+    rows_n = n8 // cols_n
+    s1 = s2 = 0
+    dev = flat.device
+    if rows_n:
+        block = words[: rows_n * cols_n].view(rows_n, cols_n)
+        rows, cols = block.sum(dim=1), block.sum(dim=0)
+        s1 += int(rows.sum().item())
+        s2 += cols_n * int((torch.arange(rows_n, device=dev, dtype=torch.int64) * rows).sum().item())
+        s2 += int((torch.arange(1, cols_n + 1, device=dev, dtype=torch.int64) * cols).sum().item())
+    rest = torch.cat([words[rows_n * cols_n:], flat[n8 * 8:].to(torch.int64)])  # < 1032 values
+    if rest.numel():
+        first = rows_n * cols_n + 1
+        s1 += int(rest.sum().item())
+        s2 += int((torch.arange(first, first + rest.numel(), device=dev, dtype=torch.int64) * rest).sum().item())
+    return (s2 + s1 * 0x9E3779B97F4A7C15) & MASK64
 
 
 def combine_checksums(per_bucket: list[int]) -> str:
@@ -156,6 +176,8 @@ class WeightBroadcaster:
         self.pg = None
         self._store = None
         self.world_size = 1
+        self.last_split: dict[str, float] = {}
+        """Seconds of the last broadcast spent packing buckets, on the wire and checksumming."""
 
     def rendezvous_info(self, port: int, workers: list[int]) -> tuple[dict[str, Any], list[int]]:
         """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset."""
@@ -183,10 +205,20 @@ class WeightBroadcaster:
         tensors = [t for _, t in self.named_params()]
         sums = []
         device = tensors[0].device if self.backend == "nccl" else torch.device("cpu")
+        split = {"pack_s": 0.0, "comm_s": 0.0, "checksum_s": 0.0}
         for a, b, n in self.plan.buckets:
+            t0 = time.perf_counter()
             flat = pack_bucket(tensors[a:b], n, device)
+            t1 = time.perf_counter()
             broadcast_bucket(self.pg, flat)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t2 = time.perf_counter()
             sums.append(bucket_checksum(flat))
+            split["pack_s"] += t1 - t0
+            split["comm_s"] += t2 - t1
+            split["checksum_s"] += time.perf_counter() - t2
+        self.last_split = split
         return combine_checksums(sums)
 
     async def broadcast(self) -> str:

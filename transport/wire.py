@@ -91,6 +91,10 @@ class Heartbeat:
     """Verifier name -> "path@version" in force on this actor (acknowledges hot swaps)."""
     error: str = ""
     """Last error worth the learner's log (e.g. a rejected verifier swap), else empty."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """Cumulative actor counters (name -> number): samples, tokens, groups_sent, aborted, updates,
+    engine_restarts, idle_s (seconds the engine had no request, any reason) and idle_weight_s (the part
+    spent loading weights or gated by max_staleness)."""
 
 
 @dataclass
@@ -203,7 +207,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "work_request": {"actor_id": (str,), "credits": (int,), "version": (int,), "returned": (list,)},
     "hello": {"actor_id": (str,), "version": (int,), "sync_token": (str,)},
     "heartbeat": {"actor_id": (str,), "version": (int,), "inflight": (int,), "unacked": (int,),
-                  "checksum": (str,), "verifiers": (dict,), "error": (str,)},
+                  "checksum": (str,), "verifiers": (dict,), "error": (str,), "stats": (dict,)},
     "assignment": {"items": (list,)},
     "ack": {"group_ids": (list,)},
     "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,),
@@ -290,6 +294,9 @@ def _decode_header_only(kind: str, header: dict) -> Any:
                "work_request: returned must be prompt ids")
     if kind == "control":
         _check(body["kind"] in CONTROL_KINDS, f"control: unknown kind {body['kind']!r}")
+    if kind == "heartbeat":
+        _check(all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   for k, v in body["stats"].items()), "heartbeat: stats must map str to numbers")
     if kind == "snapshot":
         _check(all(isinstance(k, str) and isinstance(v, str) for k, v in body["verifiers"].items()),
                "snapshot: verifiers must map str to str")

@@ -82,6 +82,22 @@ def _bind(sock: zmq.asyncio.Socket, host: str, port: int) -> int:
     return port
 
 
+async def _recv_frames(sock: zmq.asyncio.Socket, timeout_s: float | None = None) -> list:
+    """`recv_multipart(copy=False)` that tolerates spurious wake-ups: libzmq can report POLLIN and then
+    answer EAGAIN (seen with CURVE right after the handshake, before multi-MB messages); that is retried,
+    not raised. With `timeout_s`, raises asyncio.TimeoutError when nothing arrives in time."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await sock.poll(left * 1000):
+                raise asyncio.TimeoutError
+        try:
+            return await sock.recv_multipart(copy=False)
+        except zmq.Again:
+            await asyncio.sleep(0)
+
+
 class LearnerSockets:
     """The learner's three bound sockets on one context (and the CURVE authenticator, if on)."""
 
@@ -124,7 +140,7 @@ class WorkServer:
 
     async def recv(self) -> tuple[bytes, Any]:
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
+            frames = await _recv_frames(self.sock)
             if len(frames) < 2:
                 self.rejects.add(wire.WireError("ROUTER message without identity and body"))
                 continue
@@ -175,7 +191,7 @@ class RolloutReceiver:
         """Next new, valid group (duplicates are counted in `duplicates` and still acknowledged by the
         caller through `last_ids`)."""
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
+            frames = await _recv_frames(self.sock)
             try:
                 group = wire.decode(frames)
                 if not isinstance(group, wire.RolloutGroup):
@@ -299,9 +315,7 @@ class WorkClient:
         if self.backlog:
             return self.backlog.pop(0)
         while True:
-            if timeout_s is not None and not await self.sock.poll(timeout_s * 1000):
-                raise asyncio.TimeoutError
-            frames = await self.sock.recv_multipart(copy=False)
+            frames = await _recv_frames(self.sock, timeout_s)
             try:
                 return wire.decode(frames)
             except wire.WireError as e:
@@ -375,9 +389,7 @@ class ControlSubscriber:
 
     async def recv(self, timeout_s: float | None = None) -> wire.Control:
         while True:
-            if timeout_s is not None and not await self.sock.poll(timeout_s * 1000):
-                raise asyncio.TimeoutError
-            frames = await self.sock.recv_multipart(copy=False)
+            frames = await _recv_frames(self.sock, timeout_s)
             try:
                 msg = wire.decode(frames)
                 if not isinstance(msg, wire.Control):

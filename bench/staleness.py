@@ -1,0 +1,114 @@
+"""Staleness against throughput: sweep `learner.max_staleness` on the default job.
+
+    python -m bench.staleness [--quick] [--values 0 1 2 4 8]
+
+Each value runs the tiny-cpu job (`brorl run`, one actor, tiny model on CPU) with N = 16 and B = 8 prompts
+per step for the same number of steps, i.e. the same trained samples, with a credit window of two steps'
+prompts (`actor.prompts_per_request` = B) so the actor can run ahead as far as the bound lets it. Per value: generated samples/s over the
+learner's loop time (waiting + training + broadcasting; start-up and evaluation excluded), the share
+of that time the actor's engine had no request (loading weights, gated by the bound, or granted nothing
+because the learner's freshness bound was reached — the actor's heartbeat `idle_s`), the share the
+learner waited for data, the staleness histogram of trained groups, the mismatch KL,
+the truncated-IS clip fraction, and held-out pass@1 at the end (64 prompts × 16 samples).
+Writes bench/results/staleness.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one(value: int, steps: int, seed: int) -> dict:
+    from bench.common import brorl_run
+
+    o = {"learner.max_staleness": value, "learner.steps": steps, "learner.prompts_per_step": 8,
+         "actor.prompts_per_request": 8,
+         "run.eval_interval": steps, "run.eval_prompts": 64, "run.eval_samples": 16, "run.seed": seed,
+         "learner.seed": seed, "learner.checkpoint_interval": steps}
+    res = brorl_run(ROOT / "runs" / "bench" / "staleness" / f"k{value}", o)
+    m, h = res["metrics"], res["heldout"]
+    loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in m)
+    hist: dict[int, float] = {}
+    for r in m:
+        for k, v in r.items():
+            if k.startswith("staleness_") and k[len("staleness_"):].isdigit():
+                hist[int(k[len("staleness_"):])] = hist.get(int(k[len("staleness_"):]), 0.0) + v
+    total = sum(hist.values()) or 1.0
+    return {"max_staleness": value, "steps": len(m), "generated": sum(r["generated"] for r in m),
+            "samples_per_s": sum(r["generated"] for r in m) / loop, "loop_s": loop,
+            "idle_share": m[-1].get("actor_idle_s", 0.0) / loop,
+            "wait_share": sum(r["wait_s"] for r in m) / loop,
+            "staleness_mean": sum(k * v for k, v in hist.items()) / total,
+            "staleness_hist": {str(k): v / total for k, v in sorted(hist.items())},
+            "tis_clip_frac": statistics.mean(r.get("tis_clip_frac", 0.0) for r in m),
+            "mismatch_kl": statistics.mean(r.get("mismatch_kl", 0.0) for r in m),
+            "pass_at_1_start": h[0]["pass_at_1"], "pass_at_1_end": h[-1]["pass_at_1"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="values 0 and 2, fewer steps")
+    ap.add_argument("--values", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.quick:
+        args.values, args.steps = [0, 2], 12
+    from bench.common import table, write_json
+
+    rows = []
+    for v in args.values:
+        print(f"  max_staleness = {v} ...", file=sys.stderr, flush=True)
+        rows.append(one(v, args.steps, args.seed))
+        r = rows[-1]
+        print(f"    {r['samples_per_s']:.0f} samples/s, idle {100 * r['idle_share']:.0f}%, staleness mean "
+              f"{r['staleness_mean']:.2f}, pass@1 {r['pass_at_1_end']:.3f}", file=sys.stderr, flush=True)
+    print(f"\nmax_staleness sweep, default job, {args.steps} steps each (same trained samples)")
+    print(table(rows, ["max_staleness", "samples_per_s", "idle_share", "wait_share", "staleness_mean",
+                       "tis_clip_frac", "mismatch_kl", "pass_at_1_start", "pass_at_1_end"]))
+    path = write_json("staleness", {"steps": args.steps, "seed": args.seed, "rows": rows})
+    _plot(rows, path.with_suffix(".png"))
+    print(f"\nwrote {path}")
+
+
+def _plot(rows, out) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = [r["max_staleness"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    axes[0].plot(ks, [r["samples_per_s"] for r in rows], "o-", label="samples/s")
+    ax2 = axes[0].twinx()
+    ax2.plot(ks, [100 * r["idle_share"] for r in rows], "s--", color="C3", label="actor engine idle %")
+    axes[0].set_ylabel("generated samples / s")
+    ax2.set_ylabel("actor engine idle, %")
+    axes[0].set_title("throughput")
+    width = 0.8 / max(1, len(rows))
+    for i, r in enumerate(rows):
+        h = r["staleness_hist"]
+        axes[1].bar([int(k) + i * width for k in h], list(h.values()), width=width, label=f"K={r['max_staleness']}")
+    axes[1].set_xlabel("staleness of trained groups (steps)")
+    axes[1].set_ylabel("share")
+    axes[1].legend(fontsize=7)
+    axes[1].set_title("staleness histogram")
+    axes[2].plot(ks, [r["pass_at_1_end"] for r in rows], "o-", label="held-out pass@1 (end)")
+    axes[2].plot(ks, [r["tis_clip_frac"] for r in rows], "x--", label="TIS clip fraction")
+    axes[2].set_title("quality")
+    axes[2].legend(fontsize=7)
+    for ax in (axes[0], axes[2]):
+        ax.set_xlabel("max_staleness K")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xticks(ks, [str(k) for k in ks])
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Weight broadcast benchmark: time per policy update against parameter count.
+
+    python -m bench.weight_sync [--quick]                    # CPU, gloo (this machine)
+    python -m bench.weight_sync --backend nccl               # GPUs, NCCL (needs >= 2 GPUs)
+
+The learner side is the real `WeightBroadcaster` (bucket plan, packing, per-bucket checksum); each
+receiver is a separate process that joins the same kind of process group the vLLM workers join
+(`transport.weights.open_group`), receives every bucket and checksums it as our vLLM weight-transfer
+engine does, then reports the checksum, which must equal the learner's. The receivers do not copy the
+buckets into a model (that is vLLM's `load_weights`, a device-local copy the engine pays either way).
+Parameters are bf16 tensors of at most 4 Mi elements (Qwen2-1.5B has 338 tensors; 1.5 B here gives 358).
+
+Reports, per (parameters, receivers): the median of `--updates` broadcasts of total seconds and its split
+(pack / wire / checksum) and GB/s on the wire. Writes bench/results/weight_sync[_nccl].json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK = 4 * 2**20
+
+
+def make_params(n_params: int, device: str) -> list[tuple[str, torch.Tensor]]:
+    out, left, i = [], int(n_params), 0
+    g = torch.Generator(device=device).manual_seed(0)
+    while left > 0:
+        k = min(CHUNK, left)
+        t = torch.randn(k, generator=g, dtype=torch.float32, device=device).to(torch.bfloat16)
+        out.append((f"layer.{i}.weight", t))
+        left -= k
+        i += 1
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def receiver(spec_path: str) -> None:
+    from transport.weights import WeightPlan, bucket_checksum, broadcast_bucket, combine_checksums, open_group
+
+    spec = json.loads(Path(spec_path).read_text())
+    rank, backend = spec["rank"], spec["backend"]
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    plan = WeightPlan(**spec["plan"])
+    pg, _store = open_group(spec["host"], spec["port"], rank, spec["world"], spec["group"], 120.0, backend)
+    biggest = max(n for _a, _b, n in plan.buckets)
+    buf = torch.empty(biggest, dtype=torch.uint8, device=device)  # one bucket of memory, reused
+    for _ in range(spec["updates"]):
+        sums = []
+        for _a, _b, n in plan.buckets:
+            flat = buf[:n]
+            broadcast_bucket(pg, flat)
+            sums.append(bucket_checksum(flat))
+        print(json.dumps({"checksum": combine_checksums(sums)}), flush=True)
+
+
+def case(n_params: int, receivers: int, updates: int, backend: str, bucket_mb: float) -> dict:
+    from transport.weights import WeightBroadcaster
+
+    device = "cuda:0" if backend == "nccl" else "cpu"
+    params = make_params(n_params, device)
+    wb = WeightBroadcaster(lambda: params, bucket_mb=bucket_mb, timeout_s=300.0, backend=backend)
+    info, offsets = wb.rendezvous_info(free_port(), [1] * receivers)
+    tmp = Path(tempfile.mkdtemp(prefix="wsync-"))
+    procs = []
+    for off in offsets:
+        spec = {"rank": off, "backend": backend, "plan": wb.plan.to_dict(), "host": info["master_address"],
+                "port": info["master_port"], "world": info["world_size"], "group": info["group_name"],
+                "updates": updates}
+        (tmp / f"{off}.json").write_text(json.dumps(spec))
+        procs.append(subprocess.Popen([sys.executable, "-m", "bench.weight_sync", "--receiver", str(tmp / f"{off}.json")],
+                                      cwd=ROOT, stdout=subprocess.PIPE, text=True))
+
+    async def go():
+        await wb.open(info)
+        rows = []
+        for _ in range(updates):
+            t0 = time.perf_counter()
+            checksum = await wb.broadcast()
+            rows.append({"total_s": time.perf_counter() - t0, **wb.last_split, "checksum": checksum})
+        return rows
+
+    try:
+        rows = asyncio.run(go())
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    got = [[json.loads(l)["checksum"] for l in o.splitlines() if l.startswith("{")] for o in outs]
+    expected = [r["checksum"] for r in rows]
+    nbytes = sum(t.numel() * t.element_size() for _, t in params)
+    med = {k: statistics.median(r[k] for r in rows) for k in ("total_s", "pack_s", "comm_s", "checksum_s")}
+    return {"backend": backend, "params": n_params, "GB": nbytes / 1e9, "receivers": receivers,
+            "buckets": len(wb.plan.buckets), "updates": updates, **med,
+            "wire_GB_per_s": nbytes / 1e9 / med["comm_s"], "checksums_match": all(g == expected for g in got)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    ap.add_argument("--bucket-mb", type=float, default=256.0, help="as learner.weight_bucket_mb")
+    ap.add_argument("--updates", type=int, default=3)
+    ap.add_argument("--receiver", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.receiver:
+        receiver(args.receiver)
+        return
+    from bench.common import table, write_json
+
+    if args.backend == "nccl":
+        sizes = [10**7, 10**8, 5 * 10**8, 15 * 10**8, 7 * 10**9]
+        max_recv = min(torch.cuda.device_count() - 1, 3)
+        receivers = sorted({1, max_recv})
+    else:
+        sizes = [10**6, 10**7, 10**8] + ([] if args.quick else [5 * 10**8, 15 * 10**8])
+        receivers = [1, 2]
+    rows = []
+    for n in sizes:
+        for k in receivers:
+            rows.append(case(n, k, args.updates, args.backend, args.bucket_mb))
+            r = rows[-1]
+            print(f"  {n:.0e} params, {k} receiver(s): {r['total_s']:.3f} s (wire {r['comm_s']:.3f} s)", file=sys.stderr)
+    print(f"\nWeight broadcast, {args.backend}, bf16, buckets of {args.bucket_mb:g} MiB, median of {args.updates} updates")
+    print(table(rows, ["params", "GB", "receivers", "buckets", "total_s", "pack_s", "comm_s", "checksum_s",
+                       "wire_GB_per_s", "checksums_match"]))
+    name = "weight_sync" if args.backend == "gloo" else "weight_sync_nccl"
+    path = write_json(name, {"bucket_mb": args.bucket_mb, "rows": rows})
+    _plot(rows, path.with_suffix(".png"), args.backend)
+    print(f"\nwrote {path}")
+
+
+def _plot(rows, out, backend) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for k in sorted({r["receivers"] for r in rows}):
+        rs = [r for r in rows if r["receivers"] == k]
+        ax.plot([r["params"] for r in rs], [r["total_s"] for r in rs], "o-", label=f"{k} receiver(s), total")
+        ax.plot([r["params"] for r in rs], [r["comm_s"] for r in rs], "x--", label=f"{k} receiver(s), wire only")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters (bf16)")
+    ax.set_ylabel("seconds per update (median)")
+    ax.set_title(f"weight broadcast, {backend}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
