@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Heartbeat.stats; a peer of another version is rejected with both numbers named
 MAX_HEADER_BYTES = 1 << 20
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
 FINISH_REASONS = ("stop", "length", "abort", "error")
