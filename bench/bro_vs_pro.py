@@ -46,15 +46,6 @@ def arm_overrides(arm: str, pro_steps: int, seed: int) -> dict:
             "run.seed": seed, "learner.seed": seed, "learner.checkpoint_interval": steps}
 
 
-def reuse(run_dir: Path) -> dict:
-    import json
-
-    from learner.metrics import read
-
-    held = [json.loads(x) for x in (run_dir / "heldout.jsonl").read_text().splitlines()]
-    return {"metrics": read(run_dir / "metrics.jsonl"), "heldout": held}
-
-
 def summarize(arm: str, seed: int, res: dict) -> dict:
     m, h = res["metrics"], res["heldout"]
     per_step = ARMS[arm]["actor.n_samples"] * ARMS[arm]["learner.prompts_per_step"]
@@ -77,7 +68,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.pro_steps = 1, 16
-    from bench.common import brorl_run, table, write_json
+    from bench.common import brorl_run, load_run, table, write_json
 
     runs = []
     for seed in range(args.seeds):
@@ -86,7 +77,7 @@ def main() -> None:
             print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
             run_dir = ROOT / "runs" / "bench" / "bro_vs_pro" / f"{SLUGS[arm]}-s{seed}"
             if args.reuse and (run_dir / "summary.json").exists():
-                res = reuse(run_dir)
+                res = load_run(run_dir)
             else:
                 res = brorl_run(run_dir, o)
             runs.append(summarize(arm, seed, res))

@@ -88,8 +88,6 @@ def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout:
     held-out rows (run.eval_interval), summary and wall seconds. Raises with the log tail on failure."""
     import shutil
 
-    from learner import metrics as metrics_mod
-
     run_dir = Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -101,7 +99,13 @@ def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout:
     if out.returncode != 0:
         logs = "".join(p.read_text()[-1500:] for p in sorted((run_dir / "logs").glob("*.log"))) if (run_dir / "logs").exists() else ""
         raise RuntimeError(f"brorl run {args} failed ({out.returncode}):\n{out.stdout[-1500:]}\n{logs}")
-    held = [json.loads(line) for line in (run_dir / "heldout.jsonl").read_text().splitlines()] \
-        if (run_dir / "heldout.jsonl").exists() else []
+    return {**load_run(run_dir), "wall_s": wall}
+
+
+def load_run(run_dir: Path) -> dict:
+    """A finished run folder's metrics rows, held-out rows and summary."""
+    from learner import metrics as metrics_mod
+
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    return {"metrics": metrics_mod.read(run_dir / "metrics.jsonl"), "heldout": held, "summary": summary, "wall_s": wall}
+    return {"metrics": metrics_mod.read(run_dir / "metrics.jsonl"),
+            "heldout": metrics_mod.read(run_dir / "heldout.jsonl"), "summary": summary}

@@ -105,7 +105,7 @@ async def receive(port: int, groups: int, curve_dir: str) -> dict:
 
 
 def case(length: int, curve: bool, groups: int, n: int = 512, paced: bool = False) -> dict:
-    from tests.fake_learner import free_port
+    from transport.weights import free_port
     from transport import security
 
     port = free_port()

@@ -44,14 +44,6 @@ def make_params(n_params: int, device: str) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def receiver(spec_path: str) -> None:
     from transport.weights import WeightPlan, bucket_checksum, broadcast_bucket, combine_checksums, open_group
 
@@ -74,7 +66,7 @@ def receiver(spec_path: str) -> None:
 
 
 def case(n_params: int, receivers: int, updates: int, backend: str, bucket_mb: float) -> dict:
-    from transport.weights import WeightBroadcaster
+    from transport.weights import WeightBroadcaster, free_port
 
     device = "cuda:0" if backend == "nccl" else "cpu"
     params = make_params(n_params, device)

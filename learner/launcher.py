@@ -40,6 +40,7 @@ class Launcher:
         self.logs = self.run_dir / "logs"
         self.restarts = 0
         self._stopping = False
+        self._drawn = 0  # lines of the live panel on screen
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -102,20 +103,14 @@ class Launcher:
         if not rows:
             print("[brorl run] waiting for the first step (engines start in ~20-60 s)...", flush=True)
             return
-        lines = status_lines(rows, self.cfg.learner.steps, self.restarts, _heldout(self.run_dir))
+        lines = status_lines(rows, self.cfg.learner.steps, self.restarts,
+                             metrics_mod.read(self.run_dir / "heldout.jsonl"))
         if sys.stdout.isatty():
             up = f"\x1b[{self._drawn}F\x1b[J" if self._drawn else ""
             print(up + "\n".join(lines), flush=True)
             self._drawn = len(lines)
         else:
             print(lines[0], flush=True)
-
-    _drawn = 0
-
-
-def _heldout(run_dir: Path) -> list[dict]:
-    p = run_dir / "heldout.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
 
 
 def status_lines(rows: list[dict], steps: int, restarts: int, heldout: list[dict]) -> list[str]:

@@ -23,18 +23,10 @@ from learner.checkpoint import Checkpointer
 from learner.metrics import MetricsWriter
 from learner.train_step import Trainer
 from transport import wire
-from transport.weights import WeightBroadcaster, WeightSyncError
+from transport.weights import WeightBroadcaster, WeightSyncError, free_port
 from transport.zmq_transport import Endpoints, LearnerSockets, Security
 
 log = logging.getLogger("brorl.learner")
-
-
-def free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def main(cfg: BrorlConfig, resume: bool) -> int:

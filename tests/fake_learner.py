@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import torch
 
 from transport import wire
-from transport.weights import WeightBroadcaster
+from transport.weights import WeightBroadcaster, free_port
 from transport.zmq_transport import Endpoints, LearnerSockets
 from verifiers import synthetic
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeLearner:

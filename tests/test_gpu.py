@@ -2,7 +2,6 @@
 `pytest -m gpu tests/test_gpu.py` (vLLM for CUDA installed, 2 GPUs for the NCCL test)."""
 
 import asyncio
-import socket
 
 import pytest
 import torch
@@ -11,12 +10,8 @@ from config.loader import load_config
 from config.schema import LearnerConfig
 from learner.train_step import Trainer
 from tests.train_fixtures import fixed_groups
+from transport.weights import free_port
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.gpu
@@ -88,7 +83,7 @@ def test_vllm_cuda_logprobs_and_nccl_weight_broadcast(tiny_model_dir):
         torch.cuda.set_device(learner_dev)
         bc = WeightBroadcaster(lambda: model.state_dict().items(), bucket_mb=0.5, timeout_s=60, backend="nccl")
         rx = WeightReceiver(llm, is_async=False)
-        info, offs = bc.rendezvous_info(_free_port(), [1])
+        info, offs = bc.rendezvous_info(free_port(), [1])
         await asyncio.gather(bc.open(info), rx.join(info, offs[0], bc.plan.to_dict()))
         return await asyncio.gather(bc.broadcast(), rx.receive(1))
 

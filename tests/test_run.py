@@ -10,7 +10,7 @@ import pytest
 
 from config.loader import load_config
 from learner.checkpoint import Checkpointer
-from learner.launcher import Launcher, _heldout, status_lines
+from learner.launcher import Launcher, status_lines
 from learner.metrics import read
 
 
@@ -47,7 +47,7 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
         "run.eval_interval": 5, "run.eval_prompts": 16, "run.eval_samples": 4, "transport.work_port": 0, "transport.rollout_port": 0, "transport.control_port": 0,
     })
     # fixed free ports (0 would let each process pick its own)
-    from tests.fake_learner import free_port
+    from transport.weights import free_port
 
     ports = [free_port() for _ in range(3)]
     cfg = cfg.model_copy(update={"transport": cfg.transport.model_copy(update={
@@ -96,7 +96,7 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     assert "reports weights" not in learner_log  # no checksum mismatch was reported
     assert "weight sync" not in learner_log  # and no weight sync failed (e.g. a lost rendezvous)
     # the learner's own held-out estimates: before training, every 5 steps, at the end; the live display
-    held = _heldout(run_dir)
+    held = read(run_dir / "heldout.jsonl")
     assert [h["step"] for h in held][0] == 0 and held[-1]["step"] == 10
     assert all(0.0 <= h["pass_at_1"] <= 1.0 for h in held)
     panel = status_lines(rows, 10, 0, held)

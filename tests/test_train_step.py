@@ -1,6 +1,5 @@
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from config.schema import LearnerConfig
 from learner.logprobs import pack, token_logprobs
 from learner.train_step import Group, Trainer
 from tests.train_fixtures import fixed_groups
+from transport.weights import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,14 +90,9 @@ def test_lr_follows_sqrt_rule(tiny_model_dir):
     assert tr.backend.optimizer.param_groups[0]["lr"] == tr.lr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _run_worker(model_dir, out, backend, world, steps=2):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(world), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     procs = []
     for rank in range(world):

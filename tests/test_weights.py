@@ -1,6 +1,5 @@
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 from transport.weights import (
+    free_port,
     WeightBroadcaster,
     WeightReceiver,
     WeightSyncError,
@@ -22,11 +22,6 @@ from transport.weights import (
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def toy_params(seed=0):

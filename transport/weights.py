@@ -144,6 +144,15 @@ def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan
     return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n)) for a, b, n in plan.buckets])
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (for a rendezvous store or a test's sockets)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def open_group(host: str, port: int, rank: int, world_size: int, group_name: str, timeout_s: float,
                backend: str = "gloo"):
     """A process group of its own (not the default one): TCPStore rendezvous + gloo (or NCCL)."""
