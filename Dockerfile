@@ -23,10 +23,14 @@ ENV PATH=/opt/brorl/bin:$PATH
 WORKDIR /app
 # Dependencies first (cached layer), then the source.
 COPY pyproject.toml README.md ./
+COPY cli cli
 COPY actors actors
 COPY learner learner
+COPY tinymodel tinymodel
+COPY evaluation evaluation
 COPY transport transport
 COPY verifiers verifiers
+COPY theory theory
 COPY config config
 RUN pip install --upgrade pip && pip install ".[gpu]"
 

@@ -39,6 +39,12 @@ class Scored:
     version: str
 
 
+def verifier_failed(scored: list[Scored]) -> bool:
+    """Did the verifier itself fail on any completion (timeout, crashed worker, exception)?"""
+    return any(s.result.reason in ("timeout", "worker crashed") or s.result.reason.startswith("error")
+               for s in scored)
+
+
 class ScoringPool:
     def __init__(self, workers: int = 1, timeout_s: float = 5.0):
         self.workers = workers

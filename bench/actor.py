@@ -42,7 +42,7 @@ def model_dir(args) -> tuple[str, dict]:
         return str(d), {"load_format": "dummy", "skip_tokenizer_init": True}
     if args.model:
         return args.model, {}
-    from learner.tiny_model import build_tiny_model, is_model_dir
+    from tinymodel import build_tiny_model, is_model_dir
 
     d = ROOT / "runs" / "bench-tiny-model"
     if not is_model_dir(d):

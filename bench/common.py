@@ -93,7 +93,7 @@ def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout:
         shutil.rmtree(run_dir)
     args = [f"--{k}={v}" for k, v in {**overrides, "run.run_dir": str(run_dir)}.items()]
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "config.cli", "run", "--config", preset, "--no-eval", *args],
+    out = subprocess.run([sys.executable, "-m", "cli", "run", "--config", preset, "--no-eval", *args],
                          capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
     wall = time.monotonic() - t0
     if out.returncode != 0:

@@ -60,7 +60,7 @@ def case_step(shape_name: str, n: int, samples: int, prompt_len: int, comp_len: 
 
     from bench.common import peak_rss_mb
     from config.schema import LearnerConfig
-    from learner.train_step import Group, Trainer
+    from learner.train_step import TrainGroup, Trainer
 
     shape = {"tiny": TINY, "qwen2-0.5b": QWEN_05B}[shape_name]
     model = _model(shape)
@@ -70,7 +70,7 @@ def case_step(shape_name: str, n: int, samples: int, prompt_len: int, comp_len: 
         prompt = torch.randint(0, shape["vocab_size"], (prompt_len,), generator=g).tolist()
         comps = torch.randint(0, shape["vocab_size"], (n, comp_len), generator=g).tolist()
         correct = [i % 3 == 0 for i in range(n)]
-        groups.append(Group(prompt, comps, [[-5.0] * comp_len] * n, [float(c) for c in correct], correct))
+        groups.append(TrainGroup(prompt, comps, [[-5.0] * comp_len] * n, [float(c) for c in correct], correct))
     cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-5, logprob_chunk_mb=256)
     tr = Trainer(model, cfg, n_samples=n)
     base = peak_rss_mb()

@@ -191,6 +191,10 @@ class TransportConfig(_Section):
     weight_timeout_s: float = Field(120.0, gt=0.0)
     """Seconds before a missing or dead weight receiver is reported as an error instead of a hang."""
 
+    heartbeat_timeout_s: float = Field(15.0, gt=0.0)
+    """Seconds of silence (no heartbeat, request or hello; actors heartbeat every second) after which an
+    actor is no longer a member: the next weight broadcast regroups without it."""
+
 
 class VerifierConfig(_Section):
     task: str = "synthetic"

@@ -1,7 +1,9 @@
-"""Learner: the BroRL update and the theory behind it.
+"""The learner role: admit groups, train on them, publish the weights.
 
-Lives here: the pure loss and advantage functions (`algorithm.py`), chunked log-probs (`logprobs.py`),
-the training step and its backends, the token-level simulator and the Theorem 1 / Lemma 1 checks
-(`simulator.py`, `theory.py`), and the tiny-model builder used by tests and the default job.
-Must not import: `actors` or vLLM — the learner reaches actors only through `transport`.
+Lives here: the service (`service.py`: the loop of the design diagram and its background tasks), the
+bookkeeping between sockets and training step (`batching.py`: dispatcher, admission, awaitable batcher,
+membership), the pure loss and advantage functions (`algorithm.py`), chunked log-probs (`logprobs.py`),
+the training step and its backends (`train_step.py`, `backends.py`), checkpoints (`checkpoint.py`),
+metrics (`metrics.py`) and the per-step report (`report.py`).
+Must not import: `actors`, `tinymodel` or `cli` — the learner reaches actors only through `transport`.
 """

@@ -12,40 +12,28 @@ Dispatcher  owns the data cursor: prompt ids are positions in the seeded train-t
             interrupted one had not consumed, then carries on.
 Admission   drops groups older than `max_staleness` versions (counted, prompt re-issued).
 Batcher     dynamic sampling with backfill: drops all-correct / all-wrong groups as they arrive (counted
-            by reason) and releases a batch once B kept groups are there.
-Membership  which actors are alive and in the weight group; checks their reported weight checksums.
+            by reason); `await next_batch(step, interrupted)` returns B kept groups that pass admission as
+            soon as they are there (woken by each arriving group, no polling), or None when `interrupted()`
+            turns true (checked on every `wake()`), keeping what it has gathered for the next call.
+Membership  which actors are alive (heard from within `transport.heartbeat_timeout_s`) and in the weight
+            group; checks their reported weight checksums.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import math
 import time
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
-import numpy as np
 
 from config.schema import BrorlConfig
-from learner.train_step import Group
 from transport import wire
 
 log = logging.getLogger("brorl.learner")
-ALIVE_S = 15.0
-
-
-def to_train_group(g: wire.RolloutGroup) -> Group:
-    return Group(
-        prompt_ids=g.prompt_ids.tolist(),
-        completion_ids=[c.tolist() for c in g.completions()],
-        behav_logp=[c.tolist() for c in g.completion_logprobs()],
-        rewards=g.rewards.tolist(),
-        correct=[bool(c) for c in g.correct],
-        version=g.policy_version,
-    )
-
-
-wire.RolloutGroup.to_train_group = to_train_group  # convenience: group.to_train_group()
 
 
 class TaskStream:
@@ -164,7 +152,7 @@ class Admission:
                 self.staleness[max(s, 0)] += g.n
         return keep, stale
 
-    def take_stats(self, step: int) -> dict:
+    def take_stats(self) -> dict:
         hist = {f"staleness_{k}": float(v) for k, v in sorted(self.staleness.items())}
         total = sum(self.staleness.values())
         out = {**hist, "staleness_mean": sum(k * v for k, v in self.staleness.items()) / total if total else 0.0,
@@ -174,12 +162,43 @@ class Admission:
         return out
 
 
+@dataclass
+class Batch:
+    groups: list[wire.RolloutGroup]
+    """B kept groups, admitted for the step they are trained at."""
+    stats: dict
+    """What arrived since the previous batch (`Batcher.take_stats`), taken when the batch was released."""
+
+
 class Batcher:
-    def __init__(self, groups_per_step: int, dynamic_sampling: bool = True):
+    def __init__(self, groups_per_step: int, dynamic_sampling: bool = True, admission: Admission | None = None,
+                 give_back: Callable[[list[int]], None] = lambda pids: None):
         self.B = groups_per_step
         self.dynamic_sampling = dynamic_sampling
+        self.admission = admission or Admission(max_staleness=1 << 30)
+        self.give_back = give_back  # prompts of groups found too stale when a batch is assembled
         self.kept: list[wire.RolloutGroup] = []
+        self._gathered: list[wire.RolloutGroup] = []  # admitted for the batch being assembled
+        self._changed = asyncio.Event()
         self._reset()
+
+    def wake(self) -> None:
+        """Make a waiting `next_batch` look again (and check its `interrupted`)."""
+        self._changed.set()
+
+    async def next_batch(self, step: int, interrupted: Callable[[], bool]) -> Batch | None:
+        """B kept groups admitted at `step`, oldest first, once they are there; None when `interrupted()`."""
+        while not interrupted():
+            keep, stale = self.admission.check_batch(self.pop(self.B - len(self._gathered)), step)
+            if stale:
+                self.give_back([g.prompt_id for g in stale])
+            self._gathered += keep
+            if len(self._gathered) == self.B:
+                groups, self._gathered = self._gathered, []
+                return Batch(groups, self.take_stats())
+            self._changed.clear()
+            await self._changed.wait()
+        return None
 
     def _reset(self) -> None:
         self.stats = {"generated": 0, "kept_samples": 0, "tokens": 0, "reward_sum": 0.0, "correct_sum": 0.0,
@@ -211,6 +230,7 @@ class Batcher:
         else:
             self.kept.append(g)
             s["kept_samples"] += g.n
+            self.wake()
 
     def pop(self, n: int) -> list[wire.RolloutGroup]:
         """Up to n kept groups, oldest first."""
@@ -232,7 +252,8 @@ class Batcher:
 
 
 class Membership:
-    def __init__(self):
+    def __init__(self, timeout_s: float = 15.0):
+        self.timeout_s = timeout_s
         self.last_seen: dict[str, float] = {}
         self.group: list[str] = []
         self.synced_version = -1
@@ -251,11 +272,16 @@ class Membership:
             return True
         return False
 
-    def seen(self, actor_id: str) -> None:
-        self.last_seen[actor_id] = time.monotonic()
+    def seen(self, actor_id: str) -> bool:
+        """Record a sign of life; True if the actor was not alive a moment ago (a new member)."""
+        now = time.monotonic()
+        new = now - self.last_seen.get(actor_id, -math.inf) >= self.timeout_s
+        self.last_seen[actor_id] = now
+        return new
 
-    def heartbeat(self, hb: wire.Heartbeat) -> None:
-        self.seen(hb.actor_id)
+    def heartbeat(self, hb: wire.Heartbeat) -> bool:
+        """Record a heartbeat (weights checksum, counters, error); True if it comes from a new member."""
+        new = self.seen(hb.actor_id)
         if self.versions.get(hb.actor_id) != hb.version and hb.checksum and hb.version in self.expected:
             if hb.checksum == self.expected[hb.version]:
                 self.checksum_ok += 1
@@ -267,14 +293,15 @@ class Membership:
         self.actor_stats[hb.actor_id] = dict(hb.stats)
         if hb.error:
             log.warning("actor %s: %s", hb.actor_id, hb.error)
+        return new
 
     def alive(self) -> list[str]:
         now = time.monotonic()
-        return sorted(a for a, t in self.last_seen.items() if now - t < ALIVE_S)
+        return sorted(a for a, t in self.last_seen.items() if now - t < self.timeout_s)
 
     def drop_silent(self) -> None:
         now = time.monotonic()
-        for a in [a for a, t in self.last_seen.items() if now - t >= ALIVE_S]:
+        for a in [a for a, t in self.last_seen.items() if now - t >= self.timeout_s]:
             del self.last_seen[a]
 
     def needs_sync(self, version: int) -> bool:

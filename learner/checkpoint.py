@@ -5,7 +5,7 @@ A checkpoint is a folder `run_dir/checkpoints/step-<N>/` holding
                       loadable by transformers and by vLLM
     optimizer.pt      optimizer state
     state.json        step, policy version, data cursor (next fresh prompt id + prompts granted but not
-                      yet consumed), RNG states (python, numpy, torch)
+                      yet consumed), RNG states (python, numpy, torch, the trainer's shuffling generator)
 It is written to a temporary folder and renamed into place, then `run_dir/checkpoints/latest` (a small
 text file) is replaced atomically; a crash at any point leaves the previous checkpoint usable.
 """
@@ -18,6 +18,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -34,26 +35,24 @@ class CheckpointState:
 
 
 class Checkpointer:
+    """Writes and reads checkpoint folders; what goes into one is the caller's (`LearnerService.state_dict`):
+    `{"meta": JSON-able dict with "step", "optimizer": a torch state dict}` plus a function that writes
+    the model folder."""
+
     def __init__(self, run_dir: str | Path, keep: int = 3):
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
 
-    def save(self, svc) -> Path:
-        step = svc.trainer.state.step
+    def save(self, state: dict, write_model: Callable[[Path], None]) -> Path:
+        step = int(state["meta"]["step"])
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step-{step:06d}"
         tmp = self.root / f".tmp-step-{step:06d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        svc.trainer.model.save_pretrained(tmp / "model", safe_serialization=True)
-        svc.tokenizer.save_pretrained(tmp / "model")
-        torch.save(svc.trainer.backend.optimizer.state_dict(), tmp / "optimizer.pt")
-        meta = {
-            "step": step, "version": svc.version, "dispatcher": svc.dispatcher.state(),
-            "rng": {"python": _jsonable(random.getstate()), "numpy": _jsonable(np.random.get_state()),
-                    "torch": torch.get_rng_state().tolist(), "trainer": svc.trainer._gen.get_state().tolist()},
-        }
-        (tmp / "state.json").write_text(json.dumps(meta))
+        write_model(tmp / "model")
+        torch.save(state["optimizer"], tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state["meta"]))
         _fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
@@ -72,23 +71,26 @@ class Checkpointer:
         meta = json.loads((path / "state.json").read_text())
         return CheckpointState(path, meta)
 
-    def restore(self, st: CheckpointState, svc) -> None:
-        meta = st.meta
-        svc.trainer.backend.optimizer.load_state_dict(torch.load(st.path / "optimizer.pt"))
-        svc.trainer.backend.set_lr(svc.trainer.lr)
-        svc.trainer.state.step = int(meta["step"])
-        svc.version = int(meta["version"])
-        svc.dispatcher.load_state(meta["dispatcher"])
-        rng = meta["rng"]
-        random.setstate(_tupled(rng["python"]))
-        np.random.set_state(_tupled(rng["numpy"]))
-        torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
-        svc.trainer._gen.set_state(torch.tensor(rng["trainer"], dtype=torch.uint8))
+    def load(self, st: CheckpointState) -> dict:
+        """The state saved in `st` (the model folder is `st.model_dir`, loaded by whoever builds the model)."""
+        return {"meta": st.meta, "optimizer": torch.load(st.path / "optimizer.pt")}
 
     def _prune(self, newest: Path) -> None:
         olds = sorted(p for p in self.root.glob("step-*") if p != newest)
         for p in olds[: max(0, len(olds) - (self.keep - 1))]:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def rng_state() -> dict:
+    """The process-wide RNG states (python, numpy, torch) as JSON-able values."""
+    return {"python": _jsonable(random.getstate()), "numpy": _jsonable(np.random.get_state()),
+            "torch": torch.get_rng_state().tolist()}
+
+
+def set_rng_state(rng: dict) -> None:
+    random.setstate(_tupled(rng["python"]))
+    np.random.set_state(_tupled(rng["numpy"]))
+    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
 
 
 def _jsonable(x):

@@ -1,11 +1,13 @@
-"""The learner service (asyncio): the diagram of shared/design.md as a loop.
+"""The learner service (asyncio): the diagram of shared design as a loop.
 
     dispatcher (data cursor, credits) ─┐
     rollout receiver ── admit (staleness) → dynamic sampling → batch of B groups
                                      → advantages → PPO + TIS → version + 1 → broadcast → checkpoint
 
-`LearnerService.train` is the top-level loop. The dispatcher, the rollout receiver and the heartbeat
-watch are named background tasks; if any dies, `run` stops with its error instead of hanging.
+`LearnerService.train` is the top-level loop. The policy version is the trainer's step (one source of
+truth). The dispatcher (work socket) and the rollout receiver are named background tasks; if either dies,
+`run` stops with its error instead of hanging. `state_dict` / `load_state_dict` are what a checkpoint
+holds; the `Checkpointer` only writes and reads the files.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import time
 from pathlib import Path
 
 from config.schema import BrorlConfig
-from learner.batching import Admission, Batcher, Dispatcher, Membership
-from learner.checkpoint import Checkpointer
+from learner.batching import Admission, Batch, Batcher, Dispatcher, Membership
+from learner.checkpoint import Checkpointer, rng_state, set_rng_state
 from learner.metrics import MetricsWriter
-from learner.train_step import Trainer
+from learner.report import StepReport
+from learner.train_step import Trainer, TrainGroup
 from transport import wire
 from transport.weights import WeightBroadcaster, WeightSyncError, free_port
 from transport.zmq_transport import Endpoints, LearnerSockets, Security
@@ -31,8 +34,7 @@ log = logging.getLogger("brorl.learner")
 
 def main(cfg: BrorlConfig, resume: bool) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    svc = LearnerService(cfg, resume=resume)
-    return asyncio.run(svc.run())
+    return asyncio.run(LearnerService(cfg, resume=resume).run())
 
 
 class LearnerService:
@@ -43,24 +45,23 @@ class LearnerService:
         self.cfg = cfg
         torch.manual_seed(cfg.learner.seed)
         self.ckpt = Checkpointer(cfg.run.run_dir)
-        state = self.ckpt.latest() if resume else None
-        model_dir = state.model_dir if state else cfg.model.path
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.model.dtype))
+        saved = self.ckpt.latest() if resume else None
+        model = AutoModelForCausalLM.from_pretrained(saved.model_dir if saved else cfg.model.path,
+                                                     dtype=getattr(torch, cfg.model.dtype))
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.trainer = Trainer(model, cfg.learner, n_samples=cfg.actor.n_samples,
                                temperature=cfg.actor.temperature, pad_id=self.tokenizer.eos_token_id)
         self.dispatcher = Dispatcher(cfg)
         self.admission = Admission(cfg.learner.max_staleness)
-        self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling)
-        self.members = Membership()
-        self.version = 0
-        if state is not None:
-            self.ckpt.restore(state, self)
-            log.info("resumed from %s: step %d, version %d, cursor %d", state.path, self.trainer.state.step,
-                     self.version, self.dispatcher.cursor)
+        self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
+                               self.dispatcher.give_back)
         t = cfg.transport
-        self.sockets = LearnerSockets(Endpoints(t.host, t.work_port, t.rollout_port, t.control_port),
-                                      Security(t.curve, t.keys_dir), t.high_water_mark)
+        self.members = Membership(t.heartbeat_timeout_s)
+        if saved is not None:
+            self.load_state_dict(self.ckpt.load(saved))
+            log.info("resumed from %s: step %d, version %d, cursor %d", saved.path, self.trainer.state.step,
+                     self.version, self.dispatcher.cursor)
+        self.sockets = LearnerSockets(self.endpoints_of(cfg), Security(t.curve, t.keys_dir), t.high_water_mark)
         self.sockets.control.version = self.version
         self.broadcaster = WeightBroadcaster(lambda: self.trainer.model.state_dict().items(),
                                              bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
@@ -69,97 +70,70 @@ class LearnerService:
         # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
         self.ledger = open(Path(cfg.run.run_dir) / "ledger.jsonl", "a")
         self.stop = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
         self._eval_tasks = None
         self._t_first: float | None = None  # first group's arrival: the origin of heldout wall_s
         self._eval_s = 0.0
         self.generated_total = 0  # samples generated since this process started (resume: counts afresh)
 
+    @staticmethod
+    def endpoints_of(cfg: BrorlConfig) -> Endpoints:
+        t = cfg.transport
+        return Endpoints(t.host, t.work_port, t.rollout_port, t.control_port)
+
+    @property
+    def version(self) -> int:
+        """The policy version: the number of training steps taken."""
+        return self.trainer.state.step
+
     # ------------------------------------------------------------------ the loop
-    async def heldout(self) -> float:
-        """Held-out pass@1 of the current policy (run.eval_interval), appended to heldout.jsonl."""
-        import torch
-
-        from learner.sft import estimate_pass_at_1
-        from verifiers.datasets import task_source
-
-        r = self.cfg.run
-        if self._eval_tasks is None:
-            src = task_source(self.cfg.verifiers.task, r.seed, "eval", self.cfg.verifiers.difficulty)
-            self._eval_tasks = [next(src) for _ in range(r.eval_prompts)]
-
-        def run() -> float:
-            with torch.random.fork_rng():  # sampling here must not shift the training RNG stream
-                torch.manual_seed(r.seed + self.version)
-                return estimate_pass_at_1(self.trainer.model, self.tokenizer, self._eval_tasks, k=r.eval_samples,
-                                          max_new_tokens=self.cfg.actor.max_tokens)
-
-        t0 = time.monotonic()
-        p = await asyncio.to_thread(run)
-        wall = 0.0 if self._t_first is None else t0 - self._t_first - self._eval_s
-        row = {"step": self.trainer.state.step, "version": self.version, "generated": self.generated_total,
-               "wall_s": wall, "eval_s": time.monotonic() - t0, "pass_at_1": p}
-        if self._t_first is not None:
-            self._eval_s += row["eval_s"]  # wall_s counts training time only
-        with open(Path(self.cfg.run.run_dir) / "heldout.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
-        log.info("held-out pass@1 at step %d: %.3f", row["step"], p)
-        return p
-
     async def train(self) -> None:
-        steps = self.cfg.learner.steps
-        every = self.cfg.run.eval_interval
-        if every and self.trainer.state.step == 0:
-            await self.heldout()
-        while self.trainer.state.step < steps and not self.stop.is_set():
-            t0 = time.monotonic()
-            groups = await self.collect_batch()            # admit → dynamic sampling → B kept groups
-            if groups is None:
-                break
-            t1 = time.monotonic()
-            step = self.trainer.state.step
-            stats = self.batcher.take_stats()
-            self.dispatcher.observe_keep_rate(len(groups), int(stats["groups_received"]))
-            batch = [g.to_train_group() for g in groups]
-            m = await asyncio.to_thread(self.trainer.step, batch)   # advantages → PPO + TIS
-            t2 = time.monotonic()
-            self.version = self.trainer.state.step                 # version + 1
-            await self.publish_weights()                           # broadcast
-            t3 = time.monotonic()
-            dropped = stats.pop("consumed_ids")
-            self.dispatcher.commit([g.prompt_id for g in groups] + dropped)
-            self._record({"step": step + 1, "trained": [g.prompt_id for g in groups], "dropped": dropped})
-            if self.version % self.cfg.learner.checkpoint_interval == 0:
-                await asyncio.to_thread(self.ckpt.save, self)
-            self.generated_total += stats["generated"]
-            if every and (self.version % every == 0 or self.version == steps):
-                m["heldout_pass_at_1"] = await self.heldout()
-            actors = self.members.actor_stats.values()
-            self.metrics.write(step + 1, {
-                **m, **stats, **self.admission.take_stats(step),
-                "wait_s": t1 - t0, "train_s": t2 - t1, "broadcast_s": t3 - t2, "version": self.version,
-                "samples_per_s": stats["generated"] / max(t3 - t0, 1e-9),
-                "tokens_per_s": stats["tokens"] / max(t3 - t0, 1e-9),
-                # cumulative over the actors' current runs, from their heartbeats
-                "actor_idle_s": sum(a.get("idle_s", 0.0) for a in actors),
-                "actor_engine_restarts": sum(a.get("engine_restarts", 0) for a in actors)})
+        """Await a batch, train, publish, commit, checkpoint, evaluate, report — until the last step."""
+        if self.version == 0:
+            await self.evaluate_if_due()                  # held-out pass@1 before the first step
+        report = StepReport()
+        while self.version < self.cfg.learner.steps and not self.stop.is_set():
+            batch = await self.batcher.next_batch(self.version, self._interrupted)  # admit → dyn. sampling → B groups
+            report.lap("wait_s")
+            if batch is not None:
+                await self.train_on(batch, report)        # advantages → PPO + TIS → version + 1
+            report.lap("train_s")
+            await self.publish_weights()                  # broadcast: to every member that lacks this version
+            report.lap("broadcast_s")
+            if batch is None:
+                continue                                  # a member joined (and got the weights), or stop
+            self.commit(batch, report)                    # data cursor and ledger
+            await self.checkpoint_if_due()
+            await self.evaluate_if_due(report)
+            self.metrics.write(self.version, report.row())
+            report = StepReport()
 
-    async def collect_batch(self) -> list | None:
-        step = self.trainer.state.step
-        batch: list = []
-        while not self.stop.is_set():
-            if self.members.needs_sync(self.version):
-                await self.publish_weights()
-            more = self.batcher.pop(self.batcher.B - len(batch))
-            keep, stale = self.admission.check_batch(more, step)
-            self.dispatcher.give_back([g.prompt_id for g in stale])
-            batch += keep
-            if len(batch) == self.batcher.B:
-                return batch
-            await asyncio.sleep(0.01)
-        return None
+    def _interrupted(self) -> bool:
+        """Stop waiting for a batch: stopping, or a member needs the current weights first."""
+        return self.stop.is_set() or self.members.needs_sync(self.version)
+
+    async def train_on(self, batch: Batch, report: StepReport) -> None:
+        self.dispatcher.observe_keep_rate(len(batch.groups), int(batch.stats["groups_received"]))
+        report.update(await asyncio.to_thread(self.trainer.step, [TrainGroup.from_wire(g) for g in batch.groups]))
+
+    def commit(self, batch: Batch, report: StepReport) -> None:
+        """The batch's prompts (trained, or dropped by dynamic sampling) leave the data cursor's pending set."""
+        stats = dict(batch.stats)
+        dropped = stats.pop("consumed_ids")
+        trained = [g.prompt_id for g in batch.groups]
+        self.dispatcher.commit(trained + dropped)
+        self._record({"step": self.version, "trained": trained, "dropped": dropped})
+        self.generated_total += stats["generated"]
+        actors = self.members.actor_stats.values()
+        report.update({**stats, **self.admission.take_stats(), "version": self.version,
+                       # cumulative over the actors' current runs, from their heartbeats
+                       "actor_idle_s": sum(a.get("idle_s", 0.0) for a in actors),
+                       "actor_engine_restarts": sum(a.get("engine_restarts", 0) for a in actors)})
 
     async def publish_weights(self) -> None:
+        """Announce the current version and broadcast it to the live actors, regrouping first if membership
+        changed. Nothing to do when every member already has it. A failed broadcast regroups next time."""
+        if not self.members.needs_sync(self.version):
+            return
         alive = self.members.alive()
         if not alive:
             self.members.synced_version = self.version
@@ -180,6 +154,71 @@ class LearnerService:
             self.members.group = []
             self.members.drop_silent()
 
+    async def checkpoint_if_due(self, force: bool = False) -> None:
+        if force or self.version % self.cfg.learner.checkpoint_interval == 0:
+            await asyncio.to_thread(self.save_checkpoint)
+
+    def save_checkpoint(self) -> Path:
+        def write_model(d: Path) -> None:
+            self.trainer.model.save_pretrained(d, safe_serialization=True)
+            self.tokenizer.save_pretrained(d)
+
+        return self.ckpt.save(self.state_dict(), write_model)
+
+    def state_dict(self) -> dict:
+        """Everything but the model weights that an exact resume needs (the model is saved beside it)."""
+        t = self.trainer.state_dict()
+        meta = {"step": t["step"], "version": self.version, "dispatcher": self.dispatcher.state(),
+                "rng": {**rng_state(), "trainer": t["generator"].tolist()}}
+        return {"meta": meta, "optimizer": t["optimizer"]}
+
+    def load_state_dict(self, state: dict) -> None:
+        import torch
+
+        meta = state["meta"]
+        if int(meta["version"]) != int(meta["step"]):
+            raise ValueError(f"checkpoint says version {meta['version']} at step {meta['step']}; they must agree")
+        self.trainer.load_state_dict({"step": meta["step"], "optimizer": state["optimizer"],
+                                      "generator": torch.tensor(meta["rng"]["trainer"], dtype=torch.uint8)})
+        self.dispatcher.load_state(meta["dispatcher"])
+        set_rng_state(meta["rng"])
+
+    async def evaluate_if_due(self, report: StepReport | None = None) -> None:
+        """Held-out pass@1 of the current policy (run.eval_interval: before the first step, every that many
+        steps and at the last), appended to heldout.jsonl and the step's report."""
+        every, steps = self.cfg.run.eval_interval, self.cfg.learner.steps
+        if every and (self.version % every == 0 or self.version == steps):
+            p = await self.heldout()
+            if report is not None:
+                report.update({"heldout_pass_at_1": p})
+
+    async def heldout(self) -> float:
+        import torch
+
+        from evaluation import heldout_tasks, settings
+        from evaluation.hf import evaluate
+
+        r = self.cfg.run
+        if self._eval_tasks is None:
+            self._eval_tasks = heldout_tasks(self.cfg)
+
+        def run() -> float:
+            with torch.random.fork_rng():  # sampling here must not shift the training RNG stream
+                torch.manual_seed(r.seed + self.version)
+                return evaluate(self.trainer.model, self.tokenizer, self._eval_tasks, settings(self.cfg))["pass_at_1"]
+
+        t0 = time.monotonic()
+        p = await asyncio.to_thread(run)
+        wall = 0.0 if self._t_first is None else t0 - self._t_first - self._eval_s
+        row = {"step": self.version, "version": self.version, "generated": self.generated_total,
+               "wall_s": wall, "eval_s": time.monotonic() - t0, "pass_at_1": p}
+        if self._t_first is not None:
+            self._eval_s += row["eval_s"]  # wall_s counts training time only
+        with open(Path(self.cfg.run.run_dir) / "heldout.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        log.info("held-out pass@1 at step %d: %.3f", row["step"], p)
+        return p
+
     # ------------------------------------------------------------------ background tasks
     async def _work_task(self) -> None:
         while True:
@@ -188,17 +227,20 @@ class LearnerService:
                 if self.members.hello(msg.actor_id):
                     self.sockets.control.weights = {}  # stale: the next rendezvous forms a new group
                 await self.sockets.answer_hello(ident, msg)
+                self.batcher.wake()  # a (re)joining actor may need the current weights
             elif isinstance(msg, wire.WorkRequest):
-                self.members.seen(msg.actor_id)
+                if self.members.seen(msg.actor_id):
+                    self.batcher.wake()
                 self.dispatcher.give_back(msg.returned)
                 items = self.dispatcher.grant(msg.actor_id, msg.credits, self.batcher.room(),
-                                              step=self.trainer.state.step, actor_version=msg.version,
+                                              step=self.version, actor_version=msg.version,
                                               settled=len(self.batcher.consumed_ids))
                 if items:
                     self._record({"granted": [i.prompt_id for i in items], "actor": msg.actor_id})
                 await self.sockets.work.send(ident, wire.WorkAssignment(items))
             elif isinstance(msg, wire.Heartbeat):
-                self.members.heartbeat(msg)
+                if self.members.heartbeat(msg):
+                    self.batcher.wake()
             elif isinstance(msg, wire.Admin):
                 await self.sockets.work.send(ident, await self.admin(msg))
 
@@ -222,8 +264,7 @@ class LearnerService:
             await self.sockets.control.publish("swap", name=name, path=path)
             return wire.AdminReply(True, f"verifier {name!r} -> {path} (version {v.version}) published")
         if msg.command == "status":
-            return wire.AdminReply(True, f"step {self.trainer.state.step}, version {self.version}, "
-                                         f"actors {self.members.alive()}")
+            return wire.AdminReply(True, f"step {self.version}, version {self.version}, actors {self.members.alive()}")
         return wire.AdminReply(False, f"unknown command {msg.command!r}")
 
     async def _rollout_task(self) -> None:
@@ -234,30 +275,34 @@ class LearnerService:
             acks = [g.group_id] + self.sockets.rollouts.take_duplicate_ids()
             await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(acks))
             self.dispatcher.answered(g.prompt_id)
-            if self.admission.admit(g, self.trainer.state.step):
+            if self.admission.admit(g, self.version):
                 self.batcher.add(g)
             else:
                 self.batcher.count_stale(g)
                 self.dispatcher.give_back([g.prompt_id])
 
+    def _on_signal(self) -> None:
+        self.stop.set()
+        self.batcher.wake()  # a step in hand finishes; a wait for data ends now
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
-        self._tasks = [asyncio.create_task(self._work_task(), name="learner:dispatcher"),
-                       asyncio.create_task(self._rollout_task(), name="learner:rollouts")]
-        train = asyncio.create_task(self.train(), name="learner:train")
+            loop.add_signal_handler(sig, self._on_signal)
+        tasks = [asyncio.create_task(self._work_task(), name="learner:dispatcher"),
+                 asyncio.create_task(self._rollout_task(), name="learner:rollouts"),
+                 asyncio.create_task(self.train(), name="learner:train")]
         try:
-            done, _ = await asyncio.wait([train, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 if t.exception() is not None:
                     raise RuntimeError(f"task {t.get_name()} died") from t.exception()
             if self.stop.is_set():
-                await asyncio.to_thread(self.ckpt.save, self)
+                await self.checkpoint_if_due(force=True)
             await self.sockets.control.publish("stop")
             return 0
         finally:
-            for t in [train, *self._tasks]:
+            for t in tasks:
                 t.cancel()
             self.metrics.close()
             self.ledger.close()

@@ -1,7 +1,7 @@
 """One BroRL training step over a batch of groups.
 
     trainer = Trainer(model, learner_cfg, n_samples=N, temperature=T, pad_id=eos)
-    metrics = trainer.step(groups)          # groups: list[Group], the batch the learner assembled
+    metrics = trainer.step(groups)          # groups: list[TrainGroup], the batch the learner assembled
 
 Inside a step (design.md, "The algorithm, precisely"):
   1. dynamic sampling mask and REINFORCE++-baseline advantages over the step's kept samples;
@@ -34,11 +34,12 @@ from learner.algorithm import (
 )
 from learner.backends import Backend, make_backend
 from learner.logprobs import pack, token_logprobs
+from transport import wire
 
 
 @dataclass
-class Group:
-    """One prompt and its N completions, as the learner receives them from an actor."""
+class TrainGroup:
+    """One prompt and its N completions, as the trainer takes them (`from_wire`: from an actor's group)."""
 
     prompt_ids: list[int]
     """Prompt token ids."""
@@ -57,10 +58,17 @@ class Group:
         n = len(self.completion_ids)
         for name in ("behav_logp", "rewards", "correct"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"Group.{name} has {len(getattr(self, name))} entries for {n} completions")
+                raise ValueError(f"TrainGroup.{name} has {len(getattr(self, name))} entries for {n} completions")
         for i, (c, b) in enumerate(zip(self.completion_ids, self.behav_logp)):
             if len(c) != len(b):
-                raise ValueError(f"Group.behav_logp[{i}] has {len(b)} values for {len(c)} tokens")
+                raise ValueError(f"TrainGroup.behav_logp[{i}] has {len(b)} values for {len(c)} tokens")
+
+    @classmethod
+    def from_wire(cls, g: wire.RolloutGroup) -> "TrainGroup":
+        """The trainer's view of a received group (token ids and behaviour log-probs split per completion)."""
+        return cls(prompt_ids=g.prompt_ids.tolist(), completion_ids=[c.tolist() for c in g.completions()],
+                   behav_logp=[c.tolist() for c in g.completion_logprobs()], rewards=g.rewards.tolist(),
+                   correct=[bool(c) for c in g.correct], version=g.policy_version)
 
 
 @dataclass
@@ -111,13 +119,24 @@ class Trainer:
         if self.cfg.reset_optimizer_on_ref_reset:
             self.backend.reset_optimizer()
 
+    def state_dict(self) -> dict:
+        """Step, optimizer state and the mini-batch shuffling generator: what an exact resume needs."""
+        return {"step": self.state.step, "optimizer": self.backend.optimizer.state_dict(),
+                "generator": self._gen.get_state()}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.state.step = int(st["step"])
+        self.backend.optimizer.load_state_dict(st["optimizer"])
+        self.backend.set_lr(self.lr)
+        self._gen.set_state(st["generator"])
+
     def _logp(self, model: torch.nn.Module, packed, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.set_grad_enabled(grad):
             return token_logprobs(
                 model, packed, temperature=self.temperature, chunk_mb=self.cfg.logprob_chunk_mb
             )
 
-    def step(self, groups: list[Group]) -> dict[str, float]:
+    def step(self, groups: list[TrainGroup]) -> dict[str, float]:
         if not groups:
             raise ValueError("groups is empty: a step needs at least one group")
         t0 = time.perf_counter()

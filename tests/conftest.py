@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    from learner.tiny_model import build_tiny_model
+    from tinymodel import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0))
 

@@ -31,7 +31,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,15 @@ class Endpoints:
 
     def url(self, port: int) -> str:
         return f"tcp://{self.host}:{port}"
+
+    @classmethod
+    def from_address(cls, address: str) -> "Endpoints":
+        """`tcp://HOST:PORT` names the learner's work port; the rollout and control ports follow it (+1, +2)."""
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"a learner address looks like tcp://HOST:PORT, got {address!r}")
+        p = int(port)
+        return cls(host, p, p + 1, p + 2)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Verifiers: tasks and their reward functions.
 
-Lives here: the verifier protocol (`base.py`), task generators and datasets, and the built-in
-verifiers (`synthetic`, more to come: math, sandboxed code, reasoning-gym).
-Must not import: vLLM, torch, `learner`, `actors` or `transport` — a verifier is a pure function of
-text, so the same code scores training rollouts and `brorl eval`, in any process.
+Lives here: the verifier protocol (`base.py`), the registry with self-tested hot swap (`registry.py`), task
+generators and JSONL datasets (`datasets.py`), the built-in verifiers (`synthetic`, `math`, sandboxed
+`code`, `reasoning_gym`) and the code sandbox (`sandbox.py`).
+Must not import: any other brorl package, nor vLLM or torch — a verifier is a pure function of text, so
+the same code scores training rollouts and `brorl eval`, in any process.
 """

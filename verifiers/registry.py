@@ -90,6 +90,14 @@ class Registry:
     def names(self) -> set[str]:
         return set(self._paths) | set(self._by_name)
 
+    def path(self, name: str) -> str | None:
+        """Dotted path of the verifier in force for `name` (None if there is none)."""
+        return self._paths.get(name)
+
+    def in_force(self) -> dict[str, str]:
+        """Name -> "path@version" of every verifier loaded so far (what an actor acknowledges)."""
+        return {n: f"{self._paths.get(n, v.path)}@{v.version}" for n, v in self._by_name.items()}
+
     def swap(self, name: str, path: str) -> Verifier:
         """Load `path`, self-test it, then make it the verifier for `name`. Raises VerifierLoadError and
         changes nothing if any step fails."""

@@ -1,0 +1,64 @@
+"""One prompt end to end: wait for usable weights, generate N completions, score them, send the group.
+
+`GroupPipeline.run` returns False when the prompt must go back to the learner (aborted by a weight update
+or an engine restart) and True when the group was sent or dropped for good (a verifier failure under
+`verifiers.on_error = "drop"`, counted). Exceptions propagate: the actor decides whether the engine died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from actors.engine import build_group, sampling_params
+from actors.scoring import ScoringPool, verifier_failed
+from actors.stats import ActorStats, EngineLoad
+from actors.supervisor import EngineSupervisor
+from actors.weight_sync import WeightSync
+from config.schema import BrorlConfig
+from transport import wire
+from transport.zmq_transport import RolloutSender
+from verifiers.registry import Registry
+
+
+class GroupPipeline:
+    def __init__(self, cfg: BrorlConfig, actor_id: str, supervisor: EngineSupervisor, sync: WeightSync,
+                 load: EngineLoad, pool: ScoringPool, verifiers: Registry, stats: ActorStats):
+        self.cfg, self.actor_id = cfg, actor_id
+        self.supervisor, self.sync, self.load = supervisor, sync, load
+        self.pool, self.verifiers, self.stats = pool, verifiers, stats
+
+    async def run(self, rid: str, item: wire.PromptItem, sender: RolloutSender) -> bool:
+        from vllm.sampling_params import RequestOutputKind
+
+        a = self.cfg.actor
+        while not self.sync.has_weights():  # never generate while weights are being loaded (or before a
+            await asyncio.sleep(0.01)  # rebuilt engine has the learner's weights)
+        version = self.sync.version  # no await between this check and begin(): atomic in asyncio
+        t0 = time.monotonic()
+        self.load.begin()
+        final = None
+        try:
+            sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY)
+            async for out in self.supervisor.engine.generate(item.prompt, sp, rid):
+                final = out
+        finally:
+            self.load.end()
+        outs = final.outputs if final is not None else []
+        if len(outs) != a.n_samples or any(o.finish_reason == "abort" for o in outs):
+            self.stats.aborted += 1
+            return False
+        t1 = time.monotonic()
+        path = self.verifiers.path(item.verifier)
+        scored = None if path is None else await self.pool.score(
+            path, self.verifiers.get(item.verifier).version, [o.text for o in outs], item.reference)
+        if scored is None or (self.cfg.verifiers.on_error == "drop" and verifier_failed(scored)):
+            self.stats.errors.append(f"prompt {item.prompt_id}: verifier failure, group dropped")
+            return True
+        group = build_group(sender.next_group_id(), item, self.actor_id, version, final, scored,
+                            {"generate": t1 - t0, "score": time.monotonic() - t1})
+        await sender.send(group)
+        self.stats.groups_sent += 1
+        self.stats.samples += group.n
+        self.stats.tokens += int(group.lengths.sum())
+        return True

@@ -1,0 +1,61 @@
+"""An actor's counters (reported in its heartbeat) and the engine-load gauge they are measured with."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ActorStats:
+    groups_sent: int = 0
+    samples: int = 0
+    tokens: int = 0
+    aborted: int = 0
+    updates: int = 0
+    idle_weight_s: float = 0.0
+    """Seconds the engine had nothing to do because of weights: loading an update (after in-flight work
+    finished) or gated by max_staleness while waiting for the next one."""
+    update_s: float = 0.0
+    engine_restarts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def heartbeat(self, idle_s: float) -> dict[str, float]:
+        """The counters a heartbeat carries (`wire.Heartbeat.stats`)."""
+        return {"samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
+                "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
+                "idle_s": idle_s, "idle_weight_s": self.idle_weight_s}
+
+
+class EngineLoad:
+    """How many generate() calls are running, an event set while none is, and the engine's idle seconds
+    (no request at all, any reason) counted from `start_clock()` on."""
+
+    def __init__(self):
+        self.generating = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._idle_s = 0.0
+        self._idle_since: float | None = None  # None: busy, or the clock has not started
+
+    def start_clock(self) -> None:
+        self._idle_since = time.monotonic()
+
+    def begin(self) -> None:
+        if self.generating == 0 and self._idle_since is not None:
+            self._idle_s += time.monotonic() - self._idle_since
+            self._idle_since = None
+        self.generating += 1
+        self.idle.clear()
+
+    def end(self) -> None:
+        self.generating -= 1
+        if self.generating == 0:
+            self.idle.set()
+            self._idle_since = time.monotonic()
+
+    def idle_s(self) -> float:
+        """Idle seconds so far, the current idle stretch included."""
+        now = time.monotonic()
+        return self._idle_s + (now - self._idle_since if self._idle_since is not None and self.generating == 0 else 0.0)

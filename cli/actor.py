@@ -1,0 +1,23 @@
+"""`brorl actor`: one vLLM actor; it can join or leave a running job."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.common import add_config_arg, endpoints, load
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("actor", help="a vLLM actor: generate groups, score them, stream them to the learner")
+    add_config_arg(p)
+    p.add_argument("--learner", dest="learner_addr", help="tcp://HOST:PORT of the learner's work port")
+    p.add_argument("--actor-id", default="actor-0", help="unique name of this actor")
+    return p
+
+
+def main(args: argparse.Namespace, overrides: list[str]) -> int:
+    cfg = load(args, overrides)
+    ep = endpoints(cfg, args.learner_addr)
+    from actors.actor import main as serve
+
+    return serve(cfg, args.actor_id, ep)

@@ -1,0 +1,24 @@
+"""`brorl run`: every role on this machine, as processes (the launcher is `cli/launcher.py`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.common import add_config_arg, load
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("run", help="all roles on this machine: the default job")
+    add_config_arg(p)
+    p.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation before and after")
+    return p
+
+
+def main(args: argparse.Namespace, overrides: list[str]) -> int:
+    from cli.launcher import run
+    from tinymodel import ensure_model
+
+    cfg = load(args, overrides)
+    ensure_model(cfg, log=lambda m: print(m, flush=True))
+    return run(cfg, resume=args.resume, evaluate=not args.no_eval)

@@ -1,0 +1,219 @@
+"""The actor role end to end, with a real vLLM engine (CPU), real sockets and a real weight group.
+
+One actor process (engine start-up costs ~20-40 s, so it is paid once per module) is driven by a
+`FakeLearner` through named cases, in order: groups with behaviour log-probs, a weight update through the
+transport, staleness gating under a learner that runs ahead, verifiers that raise / hang / kill their
+worker, a rejected bad hot swap, a killed engine rebuilt in place, and SIGTERM with no orphan process left.
+Each case brings the actor to the state it needs itself (its own weight push), so a failure in one does
+not hide the next. A second, short run checks N = 32.
+"""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import pytest_asyncio
+import torch
+
+from config.loader import load_config, to_toml
+from learner.logprobs import pack, token_logprobs
+from tests.support.fake_learner import FakeLearner
+
+ROOT = Path(__file__).resolve().parents[2]
+# Behaviour log-probs against a transformers recompute on the same weights: vLLM and torch differ only
+# by float32 rounding (~1e-6 per token, test_tiny_model.py), so the mismatch KL is ~1e-10; 1e-4 leaves
+# room and is still 100x below what one training step of staleness gives on this model (~1e-2).
+KL_BOUND = 1e-4
+
+
+def mismatch_kl(model, groups) -> float:
+    """Mean k3 estimate of KL(μ ‖ π) over all tokens, μ = the actor's reported log-probs."""
+    P, C, B = [], [], []
+    for g in groups:
+        for comp, lp in zip(g.completions(), g.completion_logprobs()):
+            if len(comp):
+                P.append(g.prompt_ids.tolist())
+                C.append(comp.tolist())
+                B.append(lp.tolist())
+    b = pack(P, C)
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, b)
+    mu = torch.zeros_like(lp).masked_scatter(b.mask, torch.tensor([x for row in B for x in row]))
+    d = (mu - lp)[b.mask]
+    return float((torch.exp(-d) - 1 + d).mean())
+
+
+def start_actor(cfg, tmp_path: Path, learner_url: str, actor_id: str) -> subprocess.Popen:
+    cfg_path = tmp_path / f"{actor_id}.toml"
+    cfg_path.write_text(to_toml(cfg))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    log = open(tmp_path / f"{actor_id}.log", "wb")
+    return subprocess.Popen([sys.executable, "-m", "cli", "actor", "--config", str(cfg_path),
+                             "--learner", learner_url, "--actor-id", actor_id], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def actor_cfg(model_dir: str, n: int, **extra):
+    return load_config("tiny-cpu", {"model.path": model_dir, "actor.n_samples": n, "actor.max_tokens": 6,
+                                    "actor.prompts_per_request": 2, "verifiers.timeout_s": 2.0,
+                                    "learner.max_staleness": 1, **extra})
+
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+
+class Scenario:
+    def __init__(self, fl, proc, model, tiny_model_dir):
+        self.fl, self.proc, self.model, self.model_dir = fl, proc, model, tiny_model_dir
+        self.version = 0
+        self.old_tree: list = []
+
+    async def push(self, model) -> str:
+        """A fresh rendezvous and the next version: the actor ends up in a group with these weights."""
+        self.version += 1
+        self.fl.model = model
+        return await self.fl.push_weights(["a0"], version=self.version)
+
+    def perturbed(self, seed: int):
+        from transformers import AutoModelForCausalLM
+
+        m = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+        return m
+
+    def alive(self) -> None:
+        assert self.proc.poll() is None, "the actor died"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def sc(tiny_model_dir, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    fl = FakeLearner(model)
+    proc = start_actor(actor_cfg(tiny_model_dir, 8), tmp_path_factory.mktemp("actor"), fl.work_url, "a0")
+    yield Scenario(fl, proc, model, tiny_model_dir)
+    if proc.poll() is None:
+        proc.kill()
+    fl.close()
+
+
+async def test_groups_carry_behaviour_logprobs_of_disk_weights(sc):
+    groups = await sc.fl.wait_groups(4, timeout_s=240)
+    assert all(g.n == 8 and g.policy_version == 0 for g in groups)
+    assert all(len(g.reasons) == 8 for g in groups)
+    assert mismatch_kl(sc.model, groups) < KL_BOUND
+
+
+async def test_weight_update_reaches_the_engine(sc):
+    new = sc.perturbed(5)
+    checksum = await sc.push(new)
+    v = sc.version
+    later = await sc.fl.wait_groups(3, where=lambda g: g.policy_version == v, timeout_s=180)
+    assert mismatch_kl(new, later) < KL_BOUND
+    assert mismatch_kl(sc.model, later) > 100 * KL_BOUND  # ...and not from the old ones
+    await asyncio.sleep(1.5)
+    assert any(h.version == v and h.checksum == checksum for h in sc.fl.heartbeats)
+
+
+async def test_staleness_gate_stops_requests_until_the_weights_arrive(sc):
+    """The learner announces a version 2 ahead (> max_staleness 1) without broadcasting yet: the actor must
+    stop asking for work until the weights arrive, then resume."""
+    await sc.push(sc.perturbed(6))  # the actor is in a group and up to date
+    loop = asyncio.get_running_loop()
+    sc.version += 2
+    await sc.fl.sockets.control.publish("version", version=sc.version)
+    t_pub = loop.time()
+    await asyncio.sleep(4.0)
+    late = [r for t, r in sc.fl.requests if t > t_pub + 1.0]
+    assert late == [], f"actor asked for work while 2 versions behind: {late}"
+    await sc.fl.broadcaster.broadcast()  # the actor has been waiting for exactly this
+    v = sc.version
+    await sc.fl.wait_groups(2, where=lambda g: g.policy_version == v, timeout_s=120)
+    assert any(t > t_pub + 4.0 for t, _ in sc.fl.requests)  # work resumed after the update
+
+
+@pytest.mark.parametrize("kind,reason", [("raises", "error: RuntimeError"), ("hangs", "timeout"),
+                                         ("crashes", "worker crashed")])
+async def test_misbehaving_verifier_scores_zero_and_actor_survives(sc, kind, reason):
+    await sc.fl.sockets.control.publish("swap", name="synthetic", path=f"tests.support.verifier_mods.{kind}")
+    bad = await sc.fl.wait_groups(1, timeout_s=120, where=lambda g: g.verifier_version == f"{kind}-1")
+    g = bad[0]
+    assert float(g.rewards.sum()) == 0.0 and all(r.startswith(reason) for r in g.reasons), g.reasons
+    sc.alive()
+
+
+async def test_bad_swap_rejected_previous_verifier_stays(sc):
+    await sc.fl.sockets.control.publish("swap", name="synthetic", path="verifiers.synthetic")
+    await sc.fl.wait_groups(1, timeout_s=60, where=lambda g: g.verifier_version == "1")
+    await sc.fl.sockets.control.publish("swap", name="synthetic", path="tests.support.verifier_mods.broken")
+    await asyncio.sleep(2.5)
+    assert any("rejected" in h.error and "broken" in h.error for h in sc.fl.heartbeats)
+    n_before = len(sc.fl.groups)
+    after = await sc.fl.wait_groups(n_before + 2, timeout_s=60)
+    assert all(g.verifier_version == "1" for g in after[n_before:])  # the previous verifier stays
+
+
+async def test_killed_engine_is_rebuilt_in_place(sc):
+    """SIGKILL the EngineCore: the actor rebuilds the engine and reports it, says hello again, takes no work
+    on the disk weights, and after the learner's next rendezvous generates from the current weights."""
+    sc.alive()
+    sc.old_tree = psutil.Process(sc.proc.pid).children(recursive=True)
+    core = [p for p in sc.old_tree if "EngineCore" in p.name() + " ".join(p.cmdline())]
+    assert core, [p.name() for p in sc.old_tree]
+    hellos = sc.fl.hellos.count("a0")
+    loop = asyncio.get_running_loop()
+    os.kill(core[0].pid, signal.SIGKILL)
+    t_kill = loop.time()
+    while sc.fl.hellos.count("a0") == hellos:
+        sc.alive()
+        assert loop.time() - t_kill < 240, "no hello from a rebuilt engine"
+        await asyncio.sleep(0.2)
+    assert any("engine died" in h.error and "restarting" in h.error for h in sc.fl.heartbeats)
+    n_before = len(sc.fl.groups)
+    new = sc.perturbed(7)
+    await sc.push(new)
+    v = sc.version
+    fresh = await sc.fl.wait_groups(2, where=lambda g: g.policy_version == v, timeout_s=180)
+    assert mismatch_kl(new, fresh) < KL_BOUND
+    # between the death and the push nothing was generated on the disk weights (version 0)
+    assert all(g.policy_version != 0 for g in sc.fl.groups[n_before:])
+    sc.alive()
+
+
+async def test_sigterm_exits_cleanly_leaving_no_orphans(sc):
+    tree = [p.pid for p in psutil.Process(sc.proc.pid).children(recursive=True) + sc.old_tree]
+    assert tree, "expected engine and scoring processes under the actor"
+    sc.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(sc.proc.wait, 90) == 0
+    await asyncio.sleep(2.0)
+    alive = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"orphans after SIGTERM: {alive}"
+
+
+async def test_actor_groups_of_32(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    fl = FakeLearner(model)
+    proc = start_actor(actor_cfg(tiny_model_dir, 32), tmp_path, fl.work_url, "a32")
+    try:
+        groups = await fl.wait_groups(2, timeout_s=240)
+        assert all(g.n == 32 for g in groups)
+        assert mismatch_kl(model, groups) < KL_BOUND
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            fl.close()

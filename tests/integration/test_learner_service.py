@@ -1,0 +1,137 @@
+"""The real learner service (sockets, trainer, gloo weight broadcast, checkpoints) against `FakeActor`s:
+grants, admission, dynamic sampling with backfill and regrouping after an actor dies, in seconds.
+
+Each test runs the service and its actors in one event loop until the job's last step, then checks the
+metrics, the ledger and what the actors received."""
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from config.loader import load_config
+from learner.metrics import read
+from learner.service import LearnerService
+from tests.support.fake_actor import FakeActor
+from transport.weights import free_port
+
+N, B = 4, 2
+
+
+def job(model_dir: str, run_dir: Path, steps: int = 4, **over):
+    port = free_port()
+    return load_config("tiny-cpu", {
+        "model.path": model_dir, "run.run_dir": str(run_dir), "run.eval_interval": 0, "learner.steps": steps,
+        "learner.prompts_per_step": B, "actor.n_samples": N, "learner.max_staleness": 1,
+        "learner.checkpoint_interval": 2, "learner.num_minibatches": 1, "transport.work_port": port,
+        "transport.rollout_port": port + 1, "transport.control_port": port + 2, "transport.weight_timeout_s": 10.0,
+        "transport.heartbeat_timeout_s": 2.0, **over})
+
+
+async def run_job(cfg, actors, during=None, timeout_s=120.0) -> LearnerService:
+    svc = LearnerService(cfg)
+    service = asyncio.create_task(svc.run(), name="service")
+    try:
+        for a in actors:
+            await a.start()
+        if during is not None:
+            await during(svc)
+        assert await asyncio.wait_for(service, timeout_s) == 0
+    finally:
+        service.cancel()
+        for a in actors:
+            await a.kill()
+    return svc
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+
+
+def check_accounting(run_dir: Path, steps: int) -> tuple[list[int], dict[int, list[str]]]:
+    """Every step trained B prompts, no prompt twice, each trained prompt was granted; returns the trained
+    prompts and, per prompt, the actors it was granted to, in order."""
+    rows = ledger(run_dir)
+    granted: dict[int, list[str]] = {}
+    for r in rows:
+        for pid in r.get("granted", []):
+            granted.setdefault(pid, []).append(r["actor"])
+    steps_rows = [r for r in rows if "trained" in r]
+    assert [r["step"] for r in steps_rows] == list(range(1, steps + 1))
+    trained = [pid for r in steps_rows for pid in r["trained"]]
+    assert all(len(r["trained"]) == B for r in steps_rows)
+    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    assert set(trained) <= set(granted), "a trained prompt was never granted"
+    dropped = [pid for r in steps_rows for pid in r["dropped"]]
+    assert not set(dropped) & set(trained)
+    return trained, granted
+
+
+async def test_two_actors_train_and_receive_every_version(tiny_model_dir, tmp_path):
+    cfg = job(tiny_model_dir, tmp_path)
+    ep = LearnerService.endpoints_of(cfg)
+    actors = [FakeActor(ep, f"a{i}", n_samples=N, seed=i) for i in range(2)]
+    svc = await run_job(cfg, actors)
+    rows = read(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["version"] == r["step"] for r in rows)
+    assert all(r["groups"] == B for r in rows)  # each step trained B kept groups
+    check_accounting(tmp_path, 4)
+    for a in actors:  # both were in the weight group and loaded every version, checksummed
+        assert a.received_versions == [1, 2, 3, 4], (a.actor_id, a.received_versions)
+    assert svc.members.checksum_mismatch == 0 and svc.members.checksum_ok >= 2
+    assert (tmp_path / "checkpoints" / "step-000004" / "model" / "model.safetensors").exists()
+
+
+async def test_dynamic_sampling_backfills_until_b_kept_groups(tiny_model_dir, tmp_path):
+    """With p(correct) = 0.2 and N = 4, ~41 % of groups are all wrong: they are dropped, counted and
+    replaced by more groups until B mixed ones are there."""
+    cfg = job(tiny_model_dir, tmp_path, steps=3)
+    actors = [FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, p_correct=0.2, seed=7)]
+    await run_job(cfg, actors)
+    rows = read(tmp_path / "metrics.jsonl")
+    assert sum(r["drop_all_wrong"] for r in rows) > 0
+    assert all(r["groups"] == B and r["groups_kept"] == B for r in rows)  # only mixed groups reach training
+    assert all(r["pass_rate"] < 1.0 for r in rows)
+    trained, _ = check_accounting(tmp_path, 3)
+    by_prompt = {g.prompt_id: g for g in actors[0].sent}
+    for pid in trained:
+        assert 0 < int(by_prompt[pid].correct.sum()) < N
+
+
+async def test_stale_groups_are_dropped_and_their_prompts_regranted(tiny_model_dir, tmp_path):
+    """An actor that stamps its groups 2 versions older than it holds exceeds max_staleness = 1 at every
+    step: each of its groups is dropped at admission, counted, and its prompt goes to the honest actor."""
+    cfg = job(tiny_model_dir, tmp_path)
+    ep = LearnerService.endpoints_of(cfg)
+    actors = [FakeActor(ep, "honest", n_samples=N, seed=1), FakeActor(ep, "stale", n_samples=N, seed=2, stale_by=2)]
+    await run_job(cfg, actors)
+    rows = read(tmp_path / "metrics.jsonl")
+    assert sum(r["drop_stale"] for r in rows) > 0
+    trained, granted = check_accounting(tmp_path, 4)
+    regranted = [pid for pid in trained if granted[pid][0] == "stale"]
+    assert regranted, "no prompt first granted to the stale actor was trained after being re-granted"
+    assert all("honest" in granted[pid] for pid in regranted)
+
+
+async def test_dead_actor_is_regrouped_out_and_training_goes_on(tiny_model_dir, tmp_path):
+    """Kill one of two actors after step 2: the learner drops it from the weight group (at the latest when
+    a broadcast to it fails) and finishes the job with the survivor."""
+    cfg = job(tiny_model_dir, tmp_path, steps=6)
+    ep = LearnerService.endpoints_of(cfg)
+    actors = [FakeActor(ep, "a0", n_samples=N, seed=1), FakeActor(ep, "a1", n_samples=N, seed=2)]
+
+    async def kill_after_step_2(svc):
+        while svc.version < 2:
+            await asyncio.sleep(0.05)
+        await actors[1].kill()
+        svc.killed_at = time.monotonic()
+
+    t0 = time.monotonic()
+    svc = await run_job(cfg, actors, during=kill_after_step_2)
+    check_accounting(tmp_path, 6)
+    assert actors[0].received_versions[-1] == 6  # the survivor got every version to the end
+    assert svc.members.group == ["a0"]
+    # the dead member cost at most one weight timeout, not a stalled job
+    assert time.monotonic() - svc.killed_at < cfg.transport.weight_timeout_s + 30, time.monotonic() - t0

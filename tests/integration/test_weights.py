@@ -1,0 +1,106 @@
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transport.weights import (
+    free_port,
+    WeightBroadcaster,
+    WeightSyncError,
+    bucket_checksum,
+    make_plan,
+    pack_bucket,
+    unpack_bucket,
+    weights_checksum,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+
+def toy_params(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"a.weight": torch.randn(300, 200, generator=g), "a.bias": torch.randn(200, generator=g),
+            "b.weight": torch.randn(50, 7, generator=g).to(torch.bfloat16), "c": torch.randint(0, 9, (33,), generator=g)}
+
+
+def test_plan_buckets_are_bounded_and_round_trip():
+    params = toy_params()
+    plan = make_plan(params.items(), bucket_mb=0.1)  # ~100 KiB buckets
+    assert plan.names == list(params)
+    assert len(plan.buckets) >= 2
+    assert all(n <= 0.1 * 2**20 or b - a == 1 for a, b, n in plan.buckets)  # only a lone big tensor exceeds
+    tensors = list(params.values())
+    for a, b, n in plan.buckets:
+        flat = pack_bucket(tensors[a:b], n)
+        for (name, got), want in zip(unpack_bucket(flat, plan, a, b), tensors[a:b]):
+            assert torch.equal(got, want), name
+
+
+def test_checksum_detects_any_change():
+    params = toy_params()
+    plan = make_plan(params.items(), bucket_mb=1)
+    c0 = weights_checksum(params.items(), plan)
+    assert c0 == weights_checksum(toy_params().items(), plan)
+    params["a.bias"][17] += 1e-3
+    assert weights_checksum(params.items(), plan) != c0
+    flat = torch.arange(64, dtype=torch.uint8)
+    swapped = flat.clone()
+    swapped[[3, 40]] = swapped[[40, 3]]
+    assert bucket_checksum(flat) != bucket_checksum(swapped)
+
+
+def _peer(port, rank, world, group, plan, updates, *extra):
+    return subprocess.Popen([sys.executable, "-m", "tests.support.weight_peer", "127.0.0.1", str(port), str(rank),
+                             str(world), group, json.dumps(plan.to_dict()), str(updates), *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def test_late_joiner_gets_current_weights_through_new_rendezvous():
+    params = toy_params()
+    bc = WeightBroadcaster(lambda: params.items(), bucket_mb=0.1, timeout_s=20)
+    info, offs = bc.rendezvous_info(free_port(), [1])
+    p1 = _peer(info["master_port"], offs[0], info["world_size"], info["group_name"], bc.plan, 1)
+    await bc.open(info)
+    c1 = await bc.broadcast()
+    out1 = p1.communicate(timeout=30)[0]
+    assert f"checksum {c1}" in out1
+    # a second actor joins: a new rendezvous with both, and the current weights go to everyone
+    params["a.weight"].mul_(2)
+    info2, offs2 = bc.rendezvous_info(free_port(), [1, 1])
+    assert info2["group_name"] != info["group_name"] and info2["world_size"] == 3
+    peers = [_peer(info2["master_port"], o, 3, info2["group_name"], bc.plan, 1) for o in offs2]
+    await bc.open(info2)
+    c2 = await bc.broadcast()
+    assert c2 != c1
+    for p in peers:
+        assert f"checksum {c2}" in p.communicate(timeout=30)[0]
+
+
+async def test_missing_receiver_is_an_error_not_a_hang():
+    params = toy_params()
+    bc = WeightBroadcaster(lambda: params.items(), bucket_mb=1, timeout_s=3)
+    info, _ = bc.rendezvous_info(free_port(), [1])
+    t = time.monotonic()
+    with pytest.raises(WeightSyncError, match="rendezvous failed"):
+        await bc.open(info)
+    assert time.monotonic() - t < 15
+
+
+async def test_dead_receiver_is_an_error_not_a_hang():
+    params = toy_params()
+    bc = WeightBroadcaster(lambda: params.items(), bucket_mb=0.1, timeout_s=3)
+    info, offs = bc.rendezvous_info(free_port(), [1])
+    p = _peer(info["master_port"], offs[0], info["world_size"], info["group_name"], bc.plan, 1, "exit")
+    await bc.open(info)
+    p.wait(timeout=30)  # joined, then died
+    t = time.monotonic()
+    with pytest.raises(WeightSyncError, match="broadcast failed"):
+        await bc.broadcast()
+    assert time.monotonic() - t < 15
+    with pytest.raises(WeightSyncError, match="no weight group"):
+        await bc.broadcast()

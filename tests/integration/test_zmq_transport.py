@@ -1,0 +1,201 @@
+"""Real ZeroMQ sockets on loopback: barrier, credits, exactly-once with reconnect, CURVE, fuzzing."""
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.transport_helpers import make_group
+from transport import security, wire
+from transport.zmq_transport import ActorSockets, Endpoints, LearnerSockets, Security
+
+ROOT = Path(__file__).resolve().parents[2]
+EP = Endpoints("127.0.0.1", 0, 0, 0)
+
+
+async def serve_work(ls: LearnerSockets, acks: bool = True, grants: list | None = None):
+    """A minimal learner loop: answer hellos, grant work requests, acknowledge groups."""
+    async def work():
+        n = 0
+        while True:
+            ident, msg = await ls.work.recv()
+            if isinstance(msg, wire.Hello):
+                await ls.answer_hello(ident, msg)
+            elif isinstance(msg, wire.WorkRequest):
+                items = [wire.PromptItem(n + i, f"{n + i}+1=", str(n + i + 1), "synthetic") for i in range(msg.credits)]
+                n += msg.credits
+                if grants is not None:
+                    grants.append((msg.actor_id, msg.credits))
+                await ls.work.send(ident, wire.WorkAssignment(items))
+    return asyncio.create_task(work(), name="test-work-server")
+
+
+async def test_barrier_snapshot_and_control_order():
+    ls = LearnerSockets(EP)
+    server = await serve_work(ls)
+    try:
+        await ls.control.publish("version", version=3)  # before the actor exists: must come via snapshot
+        await ls.control.publish("swap", name="math", path="verifiers.math")
+        actor = ActorSockets(ls.endpoints, "a0")
+        snap = await actor.sync(version=-1, timeout_s=10)
+        assert snap.version == 3 and snap.verifiers == {"math": "verifiers.math"}
+        for v in (4, 5, 6):
+            await ls.control.publish("version", version=v)
+        got = []
+        while len(got) < 3:
+            msg = await actor.control.recv(timeout_s=5)
+            if msg.kind == "version":
+                got.append(msg.payload["version"])
+        assert got == [4, 5, 6]  # nothing after the barrier is missed, nothing before is replayed
+        await actor.work.send(wire.WorkRequest("a0", 3, 3))
+        assign = await actor.work.recv(timeout_s=5)
+        assert isinstance(assign, wire.WorkAssignment) and len(assign.items) == 3  # credits respected
+        actor.close()
+    finally:
+        server.cancel()
+        ls.close()
+
+
+async def test_groups_exactly_once_across_reconnect():
+    ls = LearnerSockets(EP)
+    received = []
+    try:
+        a = ActorSockets(ls.endpoints, "a1", resend_after_s=0.0)
+        for _ in range(20):
+            await a.rollouts.send(make_group(a.rollouts.next_group_id()))
+        for _ in range(20):
+            received.append((await asyncio.wait_for(ls.rollouts.recv(), 5)).group_id)
+        # the learner got them, but its acks were lost: the actor reconnects with its unacked buffer
+        seq, unacked = a.rollouts.seq, a.rollouts.unacked
+        a.close()
+        b = ActorSockets(ls.endpoints, "a1", resend_after_s=0.0)
+        b.rollouts.seq, b.rollouts.unacked = seq, unacked
+        assert await b.rollouts.resend_stale() == 20
+        for _ in range(5):
+            await b.rollouts.send(make_group(b.rollouts.next_group_id()))
+        for _ in range(5):
+            received.append((await asyncio.wait_for(ls.rollouts.recv(), 5)).group_id)
+        assert received == [f"a1:{i}" for i in range(25)]  # each exactly once, in order
+        assert ls.rollouts.duplicates == 20
+        b.rollouts.ack(received)
+        assert not b.rollouts.unacked
+        b.close()
+    finally:
+        ls.close()
+
+
+async def test_sender_backpressure_bounds_unacked():
+    ls = LearnerSockets(EP)
+    try:
+        a = ActorSockets(ls.endpoints, "a2", max_unacked=3)
+        for _ in range(3):
+            await a.rollouts.send(make_group(a.rollouts.next_group_id()))
+        blocked = asyncio.create_task(a.rollouts.send(make_group(a.rollouts.next_group_id())))
+        await asyncio.sleep(0.2)
+        assert not blocked.done() and len(a.rollouts.unacked) == 3
+        a.rollouts.ack(["a2:0"])
+        await asyncio.wait_for(blocked, 2)
+        assert len(a.rollouts.unacked) == 3
+        a.close()
+    finally:
+        ls.close()
+
+
+async def test_curve_admits_listed_actor_and_rejects_others(tmp_path):
+    keys = security.generate(tmp_path / "keys", ["good"])
+    security.generate(tmp_path / "other", ["intruder"])  # a key pair the learner does not list
+    ls = LearnerSockets(EP, Security(curve=True, keys_dir=keys))
+    try:
+        good = ActorSockets(ls.endpoints, "good", Security(True, keys))
+        await good.rollouts.send(make_group("good:0"))
+        assert (await asyncio.wait_for(ls.rollouts.recv(), 10)).group_id == "good:0"
+        # an intruder with its own keys (but the learner's public key) and a plaintext peer
+        (tmp_path / "other" / "learner.key").unlink()
+        (tmp_path / "other" / "learner.key").write_bytes((keys / "learner.key").read_bytes())
+        bad = ActorSockets(ls.endpoints, "intruder", Security(True, tmp_path / "other"))
+        plain = ActorSockets(ls.endpoints, "plain")
+        await bad.rollouts.send(make_group("intruder:0"))
+        await plain.rollouts.send(make_group("plain:0"))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(ls.rollouts.recv(), 2.0)
+        assert ls.rollouts.rejects.count == 0  # their frames never reached application code
+        await good.rollouts.send(make_group("good:1"))
+        assert (await asyncio.wait_for(ls.rollouts.recv(), 10)).group_id == "good:1"
+        for s in (good, bad, plain):
+            s.close()
+    finally:
+        ls.close()
+
+
+async def test_curve_multi_megabyte_groups_arrive_intact(tmp_path):
+    """Regression: right after the CURVE handshake libzmq can report POLLIN and then answer EAGAIN; that
+    used to escape `recv` and stall the stream of multi-MB groups."""
+    keys = security.generate(tmp_path / "keys", ["big"])
+    ls = LearnerSockets(EP, Security(curve=True, keys_dir=keys))
+    try:
+        a = ActorSockets(ls.endpoints, "big", Security(True, keys))
+        sent = [make_group(f"big:{i}", n=512, length=1024, seed=i) for i in range(5)]  # 4 MiB each
+        for g in sent:
+            await a.rollouts.send(g)
+        for g in sent:
+            got = await asyncio.wait_for(ls.rollouts.recv(), 20)
+            assert got.group_id == g.group_id
+            assert (got.tokens == g.tokens).all() and (got.logprobs == g.logprobs).all()
+        a.close()
+    finally:
+        ls.close()
+
+
+@pytest.mark.slow
+async def test_fuzzing_every_bound_socket_while_valid_traffic_flows():
+    ls = LearnerSockets(EP, hwm=100_000)
+    grants = []
+    server = await serve_work(ls, grants=grants)
+    count = 10_000
+    try:
+        fuzz = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.support.fuzz_peer", ls.endpoints.url(ls.endpoints.work_port),
+            ls.endpoints.url(ls.endpoints.rollout_port), str(count), cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        actor = ActorSockets(ls.endpoints, "valid")
+        valid_ids = []
+
+        async def send_valid():
+            for i in range(200):
+                g = make_group(actor.rollouts.next_group_id(), seed=i)
+                valid_ids.append(g.group_id)
+                await actor.rollouts.send(g)
+                actor.rollouts.ack([g.group_id])
+                await actor.work.send(wire.WorkRequest("valid", 1, 0))
+                await asyncio.sleep(0.005)
+
+        sender = asyncio.create_task(send_valid())
+        got = []
+
+        async def drain():
+            while True:
+                g = await ls.rollouts.recv()
+                if g.actor_id == "valid":
+                    got.append(g.group_id)
+
+        drainer = asyncio.create_task(drain())
+        out, err = await asyncio.wait_for(fuzz.communicate(), 120)
+        assert fuzz.returncode == 0, err.decode()[-2000:]
+        await asyncio.wait_for(sender, 60)
+        for _ in range(200):
+            if len(got) == 200 and ls.rollouts.rejects.count + ls.work.rejects.count > 0:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # let the fuzzer's tail drain
+        drainer.cancel()
+        assert sorted(got, key=lambda s: int(s.split(":")[1])) == valid_ids  # each valid group exactly once
+        assert len(set(got)) == len(got) == 200
+        assert ls.rollouts.rejects.count > 0.5 * count  # mutated frames were counted, not accepted
+        assert ls.work.rejects.count > 0.5 * count
+        assert sum(c for a, c in grants if a == "valid") == 200  # valid requests all served
+        actor.close()
+    finally:
+        server.cancel()
+        ls.close()

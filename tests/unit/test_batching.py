@@ -1,0 +1,64 @@
+"""The learner's bookkeeping without sockets: freshness-bounded grants, staleness admission."""
+
+from config.loader import load_config
+from learner.batching import Admission, Dispatcher
+from tests.support.transport_helpers import make_group
+
+
+class _Tasks:
+    """Stands in for the task stream: any id is a task."""
+
+    def __getitem__(self, i):
+        from verifiers.base import Task
+
+        return Task(task_id=str(i), prompt=f"{i}+1=", reference=str(i + 1), verifier="synthetic")
+
+
+def _dispatcher(B: int, K: int) -> Dispatcher:
+    cfg = load_config("tiny-cpu", {"learner.prompts_per_step": B, "learner.max_staleness": K})
+    return Dispatcher(cfg, tasks=_Tasks())
+
+
+def test_grants_stop_where_pending_prompts_could_not_be_trained_in_time():
+    d = _dispatcher(B=4, K=0)
+    # K = 0, actor and learner both at version 0: only this step's prompts
+    assert len(d.grant("a", 100, 100, step=0, actor_version=0)) == 4
+    assert d.grant("a", 100, 100, step=0, actor_version=0) == []
+    d.commit(list(d.pending))  # step 0 trained on them
+    # the learner is at step 1, the actor still holds version 0: anything it made now would be stale
+    assert d.grant("a", 100, 100, step=1, actor_version=0) == []
+    assert len(d.grant("a", 100, 100, step=1, actor_version=1)) == 4
+    # K = 2: three steps' worth may run ahead; a lower keep rate (dynamic sampling) asks for more
+    d2 = _dispatcher(B=4, K=2)
+    assert len(d2.grant("a", 100, 100, step=0, actor_version=0)) == 12
+    d3 = _dispatcher(B=4, K=2)
+    d3.observe_keep_rate(kept=4, received=8)  # 0.7 * 1 + 0.3 * 0.5 = 0.85
+    assert abs(d3.keep_rate - 0.85) < 1e-9
+    assert len(d3.grant("a", 100, 100, step=0, actor_version=0)) == 15  # ceil(12 / 0.85)
+    # prompts whose groups dynamic sampling dropped will never be trained: they free their places, or a
+    # K = 0 learner would wait forever for its B kept groups (a deadlock the staleness sweep hit)
+    d4 = _dispatcher(B=4, K=0)
+    d4.grant("a", 100, 100, step=0, actor_version=0)
+    assert d4.grant("a", 100, 100, step=0, actor_version=0) == []
+    assert len(d4.grant("a", 100, 100, step=0, actor_version=0, settled=3)) == 3
+    # credits and the batcher's room still bound a grant
+    assert len(_dispatcher(4, 2).grant("a", 3, 100, step=0, actor_version=0)) == 3
+    assert len(_dispatcher(4, 2).grant("a", 100, 2, step=0, actor_version=0)) == 2
+
+
+def test_returned_prompts_are_granted_again_first():
+    d = _dispatcher(B=4, K=1)
+    first = [i.prompt_id for i in d.grant("a", 3, 100, step=0, actor_version=0)]
+    d.give_back(first[:2])
+    again = [i.prompt_id for i in d.grant("b", 3, 100, step=0, actor_version=0)]
+    assert again[:2] == first[:2] and again[2] == 3
+
+
+def test_admission_drops_groups_beyond_the_bound_and_records_the_histogram():
+    a = Admission(max_staleness=1)
+    assert a.admit(make_group("x:0", version=3), step=4)
+    assert not a.admit(make_group("x:1", version=2), step=4)
+    keep, stale = a.check_batch([make_group("x:2", version=4), make_group("x:3", version=2)], step=4)
+    assert [g.group_id for g in keep] == ["x:2"] and [g.group_id for g in stale] == ["x:3"]
+    st = a.take_stats()
+    assert st["drop_stale"] == 2.0 and st["staleness_0"] > 0

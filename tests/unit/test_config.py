@@ -1,0 +1,104 @@
+import subprocess
+import sys
+
+import pytest
+
+from config.loader import ConfigError, load_config, parse_overrides, preset_paths, to_toml, validate
+from config.schema import BrorlConfig
+
+
+def test_presets_exist_and_load():
+    names = {p.stem for p in preset_paths()}
+    assert {"tiny-cpu", "brorl-1.5b", "prorl-1.5b"} <= names
+    for p in preset_paths():
+        cfg = load_config(p)
+        assert isinstance(cfg, BrorlConfig)
+
+
+def test_paper_recipes():
+    bro, pro = load_config("brorl-1.5b"), load_config("prorl-1.5b")
+    assert (bro.actor.n_samples, bro.learner.prompts_per_step) == (512, 128)
+    assert (pro.actor.n_samples, pro.learner.prompts_per_step) == (16, 512)
+    # same number of PPO mini-batches whatever N is (paper 4.2)
+    assert bro.learner.num_minibatches == pro.learner.num_minibatches
+    # BroRL's lr is scaled from ProRL's samples per step
+    assert bro.learner.lr_base_samples == pro.samples_per_step
+
+
+def test_every_field_has_a_docstring():
+    def walk(model_cls, prefix=""):
+        for name, f in model_cls.model_fields.items():
+            assert f.description and len(f.description) > 10, f"{prefix}{name} has no docstring"
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BrorlConfig.__mro__[1]):
+                walk(ann, f"{prefix}{name}.")
+
+    walk(BrorlConfig)
+
+
+def test_override_reaches_the_field():
+    cfg = load_config("tiny-cpu", ["--learner.eps_high", "0.35", "--actor.stop=[\"\\n\"]", "--run.run_dir", "x/y"])
+    assert cfg.learner.eps_high == 0.35
+    assert cfg.actor.stop == ["\n"]
+    assert cfg.run.run_dir == "x/y"
+    assert load_config("tiny-cpu").learner.eps_high == 0.28  # preset untouched
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ({"learner.eps_high": 0.1}, "learner.eps_high"),
+        ({"actor.n_samples": 1}, "actor.n_samples"),
+        ({"learner.bogus_key": 1}, "learner.bogus_key"),
+        ({"bogus_section.x": 1}, "bogus_section"),
+        ({"actor.max_num_seqs": 1024}, "actor.max_num_seqs"),
+        ({"learner.eps_low": "high"}, "learner.eps_low"),
+        ({"actor.temperature": 0}, "actor.temperature"),
+        ({"transport.host": "10.0.0.5"}, "transport.curve"),
+        ({"learner.backend": "jax"}, "learner.backend"),
+    ],
+)
+def test_bad_value_names_the_field(override, field):
+    with pytest.raises(ConfigError) as e:
+        load_config("tiny-cpu", override)
+    assert field in str(e.value)
+
+
+def test_one_sample_is_fine_without_dynamic_sampling():
+    cfg = load_config("tiny-cpu", {"actor.n_samples": 1, "learner.dynamic_sampling": False,
+                                   "learner.num_minibatches": 1})
+    assert cfg.actor.n_samples == 1
+
+
+def test_remote_host_needs_curve_or_waiver():
+    assert load_config("tiny-cpu", {"transport.host": "10.0.0.5", "transport.curve": True}).transport.curve
+    assert load_config("tiny-cpu", {"transport.host": "10.0.0.5", "transport.allow_insecure_remote": True})
+
+
+@pytest.mark.parametrize("bad", [["learner.eps_high", "1"], ["--noval"], ["--nodot", "1"]])
+def test_malformed_overrides(bad):
+    with pytest.raises(ConfigError):
+        parse_overrides(bad)
+
+
+def test_show_roundtrips():
+    cfg = load_config("brorl-1.5b", {"learner.eps_high": 0.5})
+    import tomllib
+
+    again = validate(tomllib.loads(to_toml(cfg)))
+    assert again == cfg
+
+
+def test_missing_file_is_named():
+    with pytest.raises(ConfigError, match="no-such.toml"):
+        load_config("no-such.toml")
+
+
+def test_cli_config_show_and_error():
+    ok = subprocess.run([sys.executable, "-m", "cli", "config", "show", "--config", "prorl-1.5b",
+                         "--learner.tis_cap", "3.5"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "tis_cap = 3.5" in ok.stdout and "n_samples = 16" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "cli", "config", "show", "--learner.eps_high", "0.01"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "learner.eps_high" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,6 +1,0 @@
-from tests.verifier_mods._misbehave import make
-from verifiers import synthetic
-
-NAME, VERSION = "synthetic", "crashes-1"
-SELF_TEST = synthetic.SELF_TEST
-score = make("crashes")
