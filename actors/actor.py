@@ -126,7 +126,7 @@ class Actor:
         self.stats.engine_restarts = sup.restarts
         self.sync.engine_restarted(WeightReceiver(engine, is_async=True))
         await self._request(0, [])  # hand back what the dead engine had in flight
-        await self.sockets.work.send(wire.Hello(self.actor_id, self.sync.version, uuid.uuid4().hex))
+        await self.sockets.work.send(self.sockets.hello(self.sync.version))
         self._restarting = None
 
     def may_admit(self) -> bool:

@@ -6,7 +6,9 @@ Dispatcher  owns the data cursor: prompt ids are positions in the seeded train-t
             yet consumed) can be trained before step v + max_staleness, i.e. pending < (v + K − step + 1)
             · B / keep_rate, with keep_rate the dynamic-sampling keep rate (running estimate). So what an
             actor generates is trained, not dropped as stale, and K sets how far generation may run
-            ahead of training. It re-issues prompts that come back unanswered, and knows which granted
+            ahead of training. A granted prompt is a lease held by one actor: its group is used only if it
+            comes from that actor (`claim`), and the prompts of an actor that is gone go back to the queue
+            (`retire`). It re-issues prompts that come back unanswered, and knows which granted
             prompts are not yet consumed (trained on or dropped by dynamic sampling) — that set and the
             next fresh id are its checkpoint state, so a resumed run hands out exactly the prompts the
             interrupted one had not consumed, then carries on.
@@ -56,12 +58,11 @@ class Dispatcher:
         self.tasks = tasks or TaskStream(cfg)
         self.next_id = 0
         self.requeue: collections.deque[int] = collections.deque()
-        self.outstanding: set[int] = set()  # granted, not yet answered
+        self.outstanding: dict[int, str] = {}  # granted, not yet answered: prompt id -> the actor holding it
         self.pending: set[int] = set()  # granted, not yet consumed (includes outstanding and buffered)
         self.B = cfg.learner.prompts_per_step
         self.max_staleness = cfg.learner.max_staleness
         self.keep_rate = 1.0  # kept groups / received groups, running estimate (dynamic sampling)
-        self.granted_log: list[int] = []
 
     @property
     def cursor(self) -> int:
@@ -82,16 +83,19 @@ class Dispatcher:
         they will never be trained, so they do not count against the freshness bound."""
         n = min(credits, room)
         if step is not None and actor_version is not None:
-            n = min(n, self.allowed_pending(step, actor_version) - (len(self.pending) - settled))
+            # prompts waiting in the requeue are pending but in nobody's hands: they take a place again
+            # when re-granted, so they must not block their own re-grant (a deadlock once every pending
+            # prompt had come back, e.g. from groups dropped as stale)
+            in_play = len(self.pending) - len(self.requeue) - settled
+            n = min(n, self.allowed_pending(step, actor_version) - in_play)
         n = max(0, n)
         items = []
         for _ in range(n):
             pid = self.requeue.popleft() if self.requeue else self._fresh()
             t = self.tasks[pid]
             items.append(wire.PromptItem(pid, t.prompt, t.reference, t.verifier, t.task_id))
-            self.outstanding.add(pid)
+            self.outstanding[pid] = actor_id
             self.pending.add(pid)
-            self.granted_log.append(pid)
         return items
 
     def _fresh(self) -> int:
@@ -99,19 +103,39 @@ class Dispatcher:
         self.next_id += 1
         return pid
 
-    def answered(self, pid: int) -> None:
-        self.outstanding.discard(pid)
+    def claim(self, pid: int, actor_id: str) -> bool:
+        """A group for `pid` arrived from `actor_id`: may it be used? Yes if that actor holds the prompt, or
+        if the prompt came back and waits to be granted again (it is taken off the queue). No otherwise —
+        the prompt was answered already, or now belongs to another actor — so no prompt is trained twice."""
+        if self.outstanding.get(pid) == actor_id:
+            del self.outstanding[pid]
+            return True
+        if pid in self.pending and pid not in self.outstanding and pid in self.requeue:
+            self.requeue.remove(pid)
+            return True
+        return False
 
-    def give_back(self, pids: list[int]) -> None:
+    def give_back(self, pids: list[int], actor_id: str | None = None) -> list[int]:
+        """Prompts back to the queue (granted again first); with `actor_id`, only those that actor holds."""
+        back = []
         for pid in pids:
-            if pid in self.pending and pid not in self.requeue:
-                self.outstanding.discard(pid)
-                self.requeue.append(pid)
+            if pid not in self.pending or pid in self.requeue:
+                continue
+            if actor_id is not None and self.outstanding.get(pid) != actor_id:
+                continue
+            self.outstanding.pop(pid, None)
+            self.requeue.append(pid)
+            back.append(pid)
+        return back
+
+    def retire(self, actor_id: str) -> list[int]:
+        """An actor is gone: every prompt it holds goes back to the queue; returns them."""
+        return self.give_back([pid for pid, a in self.outstanding.items() if a == actor_id], actor_id)
 
     def commit(self, consumed: list[int]) -> None:
         for pid in consumed:
             self.pending.discard(pid)
-            self.outstanding.discard(pid)
+            self.outstanding.pop(pid, None)
 
     def state(self) -> dict:
         return {"next_id": self.next_id, "pending": sorted(self.pending)}
@@ -119,7 +143,7 @@ class Dispatcher:
     def load_state(self, st: dict) -> None:
         self.next_id = int(st["next_id"])
         self.pending = set()
-        self.outstanding = set()
+        self.outstanding = {}
         self.requeue = collections.deque(sorted(int(p) for p in st["pending"]))
 
 
@@ -202,11 +226,17 @@ class Batcher:
 
     def _reset(self) -> None:
         self.stats = {"generated": 0, "kept_samples": 0, "tokens": 0, "reward_sum": 0.0, "correct_sum": 0.0,
-                      "drop_all_correct": 0, "drop_all_wrong": 0, "groups_received": 0}
+                      "drop_all_correct": 0, "drop_all_wrong": 0, "drop_unleased": 0, "groups_received": 0}
         self.consumed_ids: list[int] = []
 
     def room(self) -> int:
         return max(0, 2 * self.B - len(self.kept))
+
+    def count_unleased(self, g: wire.RolloutGroup) -> None:
+        """A group for a prompt its actor no longer holds: generated all the same, never trained."""
+        self.stats["generated"] += g.n
+        self.stats["tokens"] += int(g.lengths.sum())
+        self.stats["drop_unleased"] += 1
 
     def count_stale(self, g: wire.RolloutGroup) -> None:
         """A group dropped as too stale on arrival: generated all the same (throughput counts it)."""
@@ -244,7 +274,8 @@ class Batcher:
             "generated": float(s["generated"]), "tokens": float(s["tokens"]),
             "rollout_reward": s["reward_sum"] / gen, "rollout_accuracy": s["correct_sum"] / gen,
             "pass_rate": s["kept_samples"] / gen, "drop_all_correct": float(s["drop_all_correct"]),
-            "drop_all_wrong": float(s["drop_all_wrong"]), "groups_received": float(s["groups_received"]),
+            "drop_all_wrong": float(s["drop_all_wrong"]), "drop_unleased": float(s["drop_unleased"]),
+            "groups_received": float(s["groups_received"]),
             "consumed_ids": list(self.consumed_ids),
         }
         self._reset()
@@ -262,15 +293,20 @@ class Membership:
         self.checksum_mismatch = 0
         self.versions: dict[str, int] = {}
         self.actor_stats: dict[str, dict[str, float]] = {}
+        self.incarnations: dict[str, str] = {}  # actor id -> the incarnation that said hello last
 
-    def hello(self, actor_id: str) -> bool:
-        """Record a hello; True if it comes from a member of the current weight group, i.e. an actor (or
-        its engine) restarted: that group is gone for it, and its rendezvous must not be handed out again."""
+    def hello(self, actor_id: str, incarnation: str) -> tuple[bool, str | None]:
+        """Record a hello. Returns (left_group, retired): left_group is True if it comes from a member of
+        the current weight group — the actor (or its engine) restarted, that group is gone for it and its
+        rendezvous must not be handed out again; retired is the actor's previous incarnation when this
+        hello comes from a new process under the same actor id (else None)."""
         self.last_seen[actor_id] = time.monotonic()
-        if actor_id in self.group:
+        old = self.incarnations.get(actor_id)
+        self.incarnations[actor_id] = incarnation
+        left = actor_id in self.group
+        if left:
             self.group = []
-            return True
-        return False
+        return left, (old if old is not None and old != incarnation else None)
 
     def seen(self, actor_id: str) -> bool:
         """Record a sign of life; True if the actor was not alive a moment ago (a new member)."""
@@ -299,10 +335,15 @@ class Membership:
         now = time.monotonic()
         return sorted(a for a, t in self.last_seen.items() if now - t < self.timeout_s)
 
-    def drop_silent(self) -> None:
+    def drop_silent(self) -> list[str]:
+        """Forget actors silent for `timeout_s` or longer (they are no longer members); returns them."""
         now = time.monotonic()
-        for a in [a for a, t in self.last_seen.items() if now - t >= self.timeout_s]:
+        gone = [a for a, t in self.last_seen.items() if now - t >= self.timeout_s]
+        for a in gone:
             del self.last_seen[a]
+            self.versions.pop(a, None)
+            self.actor_stats.pop(a, None)
+        return gone
 
     def needs_sync(self, version: int) -> bool:
         return version > 0 and (self.synced_version < version or self.group != self.alive())

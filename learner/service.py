@@ -152,7 +152,7 @@ class LearnerService:
         except WeightSyncError as e:
             log.error("weight sync for version %d failed: %s; regrouping with live actors", self.version, e)
             self.members.group = []
-            self.members.drop_silent()
+            self.evict_silent()
 
     async def checkpoint_if_due(self, force: bool = False) -> None:
         if force or self.version % self.cfg.learner.checkpoint_interval == 0:
@@ -224,14 +224,17 @@ class LearnerService:
         while True:
             ident, msg = await self.sockets.work.recv()
             if isinstance(msg, wire.Hello):
-                if self.members.hello(msg.actor_id):
+                left_group, retired = self.members.hello(msg.actor_id, msg.incarnation)
+                if left_group:
                     self.sockets.control.weights = {}  # stale: the next rendezvous forms a new group
+                if retired is not None:
+                    self.retire_incarnation(msg.actor_id, retired)
                 await self.sockets.answer_hello(ident, msg)
                 self.batcher.wake()  # a (re)joining actor may need the current weights
             elif isinstance(msg, wire.WorkRequest):
                 if self.members.seen(msg.actor_id):
                     self.batcher.wake()
-                self.dispatcher.give_back(msg.returned)
+                self.dispatcher.give_back(msg.returned, msg.actor_id)
                 items = self.dispatcher.grant(msg.actor_id, msg.credits, self.batcher.room(),
                                               step=self.version, actor_version=msg.version,
                                               settled=len(self.batcher.consumed_ids))
@@ -274,12 +277,37 @@ class LearnerService:
                 self._t_first = time.monotonic()
             acks = [g.group_id] + self.sockets.rollouts.take_duplicate_ids()
             await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(acks))
-            self.dispatcher.answered(g.prompt_id)
-            if self.admission.admit(g, self.version):
+            if not self.dispatcher.claim(g.prompt_id, g.actor_id):
+                self.batcher.count_unleased(g)  # answered already, or granted to another actor meanwhile
+            elif self.admission.admit(g, self.version):
                 self.batcher.add(g)
             else:
                 self.batcher.count_stale(g)
                 self.dispatcher.give_back([g.prompt_id])
+
+    def retire_incarnation(self, actor: str, incarnation: str) -> None:
+        """A new process took over `actor`: the old one's prompts go back to the queue and its duplicate
+        table goes (its late groups still count if their prompt is still unanswered)."""
+        back = self.dispatcher.retire(actor)
+        self.sockets.rollouts.forget(f"{actor}:{incarnation}")
+        self._record({"returned": back, "actor": actor, "reason": "restarted"})
+        log.warning("actor %s restarted (incarnation %s retired); %d prompts it held go back to the queue",
+                    actor, incarnation, len(back))
+
+    def evict_silent(self) -> None:
+        """Actors silent for `transport.heartbeat_timeout_s` leave the membership (the next broadcast
+        regroups without them) and the prompts they hold go back to the queue."""
+        for actor in self.members.drop_silent():
+            back = self.dispatcher.retire(actor)
+            self._record({"returned": back, "actor": actor, "reason": "evicted"})
+            log.warning("actor %s silent for %.0f s: evicted; %d prompts it held go back to the queue", actor,
+                        self.members.timeout_s, len(back))
+            self.batcher.wake()
+
+    async def _watchdog_task(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.members.timeout_s / 4))
+            self.evict_silent()
 
     def _on_signal(self) -> None:
         self.stop.set()
@@ -291,6 +319,7 @@ class LearnerService:
             loop.add_signal_handler(sig, self._on_signal)
         tasks = [asyncio.create_task(self._work_task(), name="learner:dispatcher"),
                  asyncio.create_task(self._rollout_task(), name="learner:rollouts"),
+                 asyncio.create_task(self._watchdog_task(), name="learner:watchdog"),
                  asyncio.create_task(self.train(), name="learner:train")]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-SCHEMA_VERSION = 2  # 2: Heartbeat.stats; a peer of another version is rejected with both numbers named
+SCHEMA_VERSION = 3  # 2: Heartbeat.stats; 3: Hello.incarnation. A peer of another version is rejected, both named
 MAX_HEADER_BYTES = 1 << 20
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -73,6 +73,9 @@ class Hello:
     """Policy version of the actor's weights (-1 before any)."""
     sync_token: str = ""
     """Echoed back on the control channel (Control kind "sync_ack") to prove the SUB socket is live."""
+    incarnation: str = ""
+    """Nonce of this actor process. A hello with a new incarnation for a known actor id means the actor
+    restarted: the learner retires the old incarnation's grants and duplicate table."""
 
 
 @dataclass
@@ -154,7 +157,7 @@ class RolloutGroup:
     """One prompt and its N completions. Arrays (shape; meaning):"""
 
     group_id: str
-    """Unique per actor run: "<actor_id>:<seq>"; duplicates are detected by it."""
+    """Unique: "<actor_id>:<incarnation>:<seq>" (seq counts per actor process); duplicates are detected by it."""
     prompt_id: int
     """The PromptItem it answers."""
     actor_id: str
@@ -205,7 +208,7 @@ _KIND_OF = {cls: kind for kind, cls in _HEADER_ONLY.items()} | {RolloutGroup: "g
 # field name -> accepted python types, per header-only kind (validated on decode)
 _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "work_request": {"actor_id": (str,), "credits": (int,), "version": (int,), "returned": (list,)},
-    "hello": {"actor_id": (str,), "version": (int,), "sync_token": (str,)},
+    "hello": {"actor_id": (str,), "version": (int,), "sync_token": (str,), "incarnation": (str,)},
     "heartbeat": {"actor_id": (str,), "version": (int,), "inflight": (int,), "unacked": (int,),
                   "checksum": (str,), "verifiers": (dict,), "error": (str,), "stats": (dict,)},
     "assignment": {"items": (list,)},

@@ -17,8 +17,9 @@ receiver holds at most the PULL high-water mark in libzmq plus what the caller q
 
 Exactly once: ZeroMQ reconnects by itself but may lose what was in flight on a broken connection, so
 the sender re-sends unacknowledged groups after `resend_after_s`, and the receiver drops (and counts)
-any group id it has already seen. Ids are "<actor_id>:<seq>" with seq increasing per actor run, so the
-seen-set is kept compact per actor (highest contiguous seq + the few above it).
+any group id it has already seen. Ids are "<actor_id>:<incarnation>:<seq>" with seq increasing per actor
+process (its incarnation), so a restarted actor never collides with its predecessor, and the seen-set is
+kept compact per incarnation (highest contiguous seq + the few above it; `forget` drops a retired one).
 
 Bad input: every receive path decodes with `wire.decode`; a frame sequence that fails is counted in
 `stats["rejected"]`, logged (rate-limited), and dropped — the socket keeps serving.
@@ -141,6 +142,9 @@ class WorkServer:
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.setsockopt(zmq.RCVHWM, hwm)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # a restarted actor reconnects under the same identity while its dead predecessor's connection may
+        # still be registered: the new connection takes the identity over (the default would refuse it)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.sock.setsockopt(zmq.LINGER, 0)
         if sec.curve:
             security.make_server(self.sock, sec.keys_dir)
@@ -185,7 +189,7 @@ class RolloutReceiver:
         except ValueError:
             seq = None
         if seq is None or not actor:
-            raise wire.WireError(f"group_id {group_id!r} is not '<actor>:<seq>'")
+            raise wire.WireError(f"group_id {group_id!r} is not '<actor>:<incarnation>:<seq>'")
         floor, above = self._seen[actor]
         if seq <= floor or seq in above:
             return True
@@ -214,6 +218,10 @@ class RolloutReceiver:
                 self.dup_ids.append(group.group_id)
                 continue
             return group
+
+    def forget(self, prefix: str) -> None:
+        """Drop the duplicate table of one sender ("<actor_id>:<incarnation>", a retired incarnation)."""
+        self._seen.pop(prefix, None)
 
     def take_duplicate_ids(self) -> list[str]:
         ids, self.dup_ids = self.dup_ids, []
@@ -261,12 +269,13 @@ class ControlPublisher:
 
 class ActorSockets:
     def __init__(self, ep: Endpoints, actor_id: str, sec: Security = Security(), hwm: int = 64,
-                 max_unacked: int = 64, resend_after_s: float = 10.0):
+                 max_unacked: int = 64, resend_after_s: float = 10.0, incarnation: str | None = None):
         self.ctx = zmq.asyncio.Context()
         self.actor_id = actor_id
+        self.incarnation = incarnation or uuid.uuid4().hex[:12]  # this process: in every hello and group id
         sec = Security(sec.curve, sec.keys_dir, sec.client_name or actor_id)
         self.work = WorkClient(self.ctx, ep, sec, hwm, actor_id)
-        self.rollouts = RolloutSender(self.ctx, ep, sec, hwm, actor_id, max_unacked, resend_after_s)
+        self.rollouts = RolloutSender(self.ctx, ep, sec, hwm, actor_id, max_unacked, resend_after_s, self.incarnation)
         self.control = ControlSubscriber(self.ctx, ep, sec, hwm)
 
     def close(self) -> None:
@@ -274,13 +283,16 @@ class ActorSockets:
             s.close(linger=0)
         self.ctx.term()
 
+    def hello(self, version: int, token: str = "") -> wire.Hello:
+        return wire.Hello(self.actor_id, version, token or uuid.uuid4().hex, self.incarnation)
+
     async def sync(self, version: int, timeout_s: float = 30.0) -> wire.Snapshot:
         """Start-up barrier: returns once the SUB socket provably receives (our sync token came back on it)
         and with the control state as of that moment; later control messages all arrive on SUB."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             token = uuid.uuid4().hex
-            await self.work.send(wire.Hello(self.actor_id, version, token))
+            await self.work.send(self.hello(version, token))
             snap: wire.Snapshot | None = None
             t_end = min(deadline, time.monotonic() + 0.5)
             while time.monotonic() < t_end:
@@ -335,7 +347,7 @@ class RolloutSender:
     """PUSH, connected. SNDHWM `hwm`; when the learner's queue and ours are full, sends wait."""
 
     def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, hwm: int, actor_id: str,
-                 max_unacked: int, resend_after_s: float):
+                 max_unacked: int, resend_after_s: float, incarnation: str = "0"):
         self.sock = ctx.socket(zmq.PUSH)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -343,6 +355,7 @@ class RolloutSender:
             security.make_client(self.sock, sec.keys_dir, sec.client_name or actor_id)
         self.sock.connect(ep.url(ep.rollout_port))
         self.actor_id = actor_id
+        self.prefix = f"{actor_id}:{incarnation}"
         self.max_unacked = max_unacked
         self.resend_after_s = resend_after_s
         self.seq = 0
@@ -352,7 +365,7 @@ class RolloutSender:
         self.resent = 0
 
     def next_group_id(self) -> str:
-        gid = f"{self.actor_id}:{self.seq}"
+        gid = f"{self.prefix}:{self.seq}"
         self.seq += 1
         return gid
 

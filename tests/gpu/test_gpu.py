@@ -1,5 +1,5 @@
 """CUDA tests: deselected where no GPU exists (tests/conftest.py); run on the GPU machine with
-`pytest -m gpu tests/test_gpu.py` (vLLM for CUDA installed, 2 GPUs for the NCCL test)."""
+`pytest tests/gpu` (vLLM for CUDA installed, 2 GPUs for the NCCL test)."""
 
 import asyncio
 

@@ -9,7 +9,6 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 
 from config.loader import load_config
 from learner.metrics import read
@@ -44,6 +43,14 @@ async def run_job(cfg, actors, during=None, timeout_s=120.0) -> LearnerService:
         for a in actors:
             await a.kill()
     return svc
+
+
+async def between_updates(actor: FakeActor, svc: LearnerService, version: int) -> None:
+    """Wait until the learner is at `version` or later and `actor` has loaded it: an in-process FakeActor
+    cannot stop a gloo call running in a thread the way SIGKILL stops a process, so tests kill it between
+    weight updates."""
+    while svc.version < version or (actor.received_versions or [0])[-1] < svc.version or actor._weights_lock.locked():
+        await asyncio.sleep(0.01)
 
 
 def ledger(run_dir: Path) -> list[dict]:
@@ -101,15 +108,16 @@ async def test_dynamic_sampling_backfills_until_b_kept_groups(tiny_model_dir, tm
 
 
 async def test_stale_groups_are_dropped_and_their_prompts_regranted(tiny_model_dir, tmp_path):
-    """An actor that stamps its groups 2 versions older than it holds exceeds max_staleness = 1 at every
-    step: each of its groups is dropped at admission, counted, and its prompt goes to the honest actor."""
-    cfg = job(tiny_model_dir, tmp_path)
+    """An actor that stamps its groups 2 versions older than it holds exceeds max_staleness = 1 from step 2
+    on: each such group is dropped at admission, counted, and its prompt goes back to the queue and is
+    trained from the honest actor's group."""
+    cfg = job(tiny_model_dir, tmp_path, steps=6)
     ep = LearnerService.endpoints_of(cfg)
     actors = [FakeActor(ep, "honest", n_samples=N, seed=1), FakeActor(ep, "stale", n_samples=N, seed=2, stale_by=2)]
     await run_job(cfg, actors)
     rows = read(tmp_path / "metrics.jsonl")
     assert sum(r["drop_stale"] for r in rows) > 0
-    trained, granted = check_accounting(tmp_path, 4)
+    trained, granted = check_accounting(tmp_path, 6)
     regranted = [pid for pid in trained if granted[pid][0] == "stale"]
     assert regranted, "no prompt first granted to the stale actor was trained after being re-granted"
     assert all("honest" in granted[pid] for pid in regranted)
@@ -123,8 +131,7 @@ async def test_dead_actor_is_regrouped_out_and_training_goes_on(tiny_model_dir, 
     actors = [FakeActor(ep, "a0", n_samples=N, seed=1), FakeActor(ep, "a1", n_samples=N, seed=2)]
 
     async def kill_after_step_2(svc):
-        while svc.version < 2:
-            await asyncio.sleep(0.05)
+        await between_updates(actors[1], svc, 2)
         await actors[1].kill()
         svc.killed_at = time.monotonic()
 
@@ -135,3 +142,30 @@ async def test_dead_actor_is_regrouped_out_and_training_goes_on(tiny_model_dir, 
     assert svc.members.group == ["a0"]
     # the dead member cost at most one weight timeout, not a stalled job
     assert time.monotonic() - svc.killed_at < cfg.transport.weight_timeout_s + 30, time.monotonic() - t0
+
+
+async def test_restarted_actor_is_a_new_incarnation_and_its_groups_train(tiny_model_dir, tmp_path):
+    """The only actor dies and a new process takes its actor id at once (as `brorl run` restarts it): its
+    groups, numbered from 0 again, are not mistaken for duplicates, the prompts the dead one held go back
+    to the queue, and training carries on to the last step."""
+    cfg = job(tiny_model_dir, tmp_path, steps=6)
+    ep = LearnerService.endpoints_of(cfg)
+    first = FakeActor(ep, "a0", n_samples=N, seed=1)
+    second = FakeActor(ep, "a0", n_samples=N, seed=2)
+
+    async def restart_after_step_2(svc):
+        await between_updates(first, svc, 2)
+        await first.kill()
+        await second.start()
+
+    svc = await run_job(cfg, [first], during=restart_after_step_2)
+    await second.kill()
+    trained, granted = check_accounting(tmp_path, 6)
+    assert second.sockets is None and second.sent, "the new incarnation sent nothing"
+    mine = {g.prompt_id for g in second.sent}
+    assert len(mine & set(trained)) >= 2, "the new incarnation's groups were not trained"
+    assert svc.sockets.rollouts.duplicates == 0
+    restarted = [r for r in ledger(tmp_path) if r.get("reason") == "restarted"]
+    assert len(restarted) == 1 and restarted[0]["actor"] == "a0"
+    for pid in restarted[0]["returned"]:  # what the dead process held was granted again
+        assert len(granted[pid]) >= 2

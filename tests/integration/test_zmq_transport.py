@@ -67,21 +67,31 @@ async def test_groups_exactly_once_across_reconnect():
             await a.rollouts.send(make_group(a.rollouts.next_group_id()))
         for _ in range(20):
             received.append((await asyncio.wait_for(ls.rollouts.recv(), 5)).group_id)
-        # the learner got them, but its acks were lost: the actor reconnects with its unacked buffer
+        # the learner got them, but its acks were lost: the actor (same process) reconnects with its
+        # unacked buffer
         seq, unacked = a.rollouts.seq, a.rollouts.unacked
         a.close()
-        b = ActorSockets(ls.endpoints, "a1", resend_after_s=0.0)
+        b = ActorSockets(ls.endpoints, "a1", resend_after_s=0.0, incarnation=a.incarnation)
         b.rollouts.seq, b.rollouts.unacked = seq, unacked
         assert await b.rollouts.resend_stale() == 20
         for _ in range(5):
             await b.rollouts.send(make_group(b.rollouts.next_group_id()))
         for _ in range(5):
             received.append((await asyncio.wait_for(ls.rollouts.recv(), 5)).group_id)
-        assert received == [f"a1:{i}" for i in range(25)]  # each exactly once, in order
+        assert received == [f"a1:{a.incarnation}:{i}" for i in range(25)]  # each exactly once, in order
         assert ls.rollouts.duplicates == 20
         b.rollouts.ack(received)
         assert not b.rollouts.unacked
         b.close()
+        # a restarted process under the same actor id numbers its groups from 0 again: nothing of it is
+        # taken for a duplicate of its predecessor's
+        c = ActorSockets(ls.endpoints, "a1", resend_after_s=0.0)
+        assert c.incarnation != a.incarnation
+        for _ in range(3):
+            await c.rollouts.send(make_group(c.rollouts.next_group_id()))
+        got = [(await asyncio.wait_for(ls.rollouts.recv(), 5)).group_id for _ in range(3)]
+        assert got == [f"a1:{c.incarnation}:{i}" for i in range(3)] and ls.rollouts.duplicates == 20
+        c.close()
     finally:
         ls.close()
 
@@ -95,7 +105,7 @@ async def test_sender_backpressure_bounds_unacked():
         blocked = asyncio.create_task(a.rollouts.send(make_group(a.rollouts.next_group_id())))
         await asyncio.sleep(0.2)
         assert not blocked.done() and len(a.rollouts.unacked) == 3
-        a.rollouts.ack(["a2:0"])
+        a.rollouts.ack([f"{a.rollouts.prefix}:0"])
         await asyncio.wait_for(blocked, 2)
         assert len(a.rollouts.unacked) == 3
         a.close()
@@ -190,7 +200,7 @@ async def test_fuzzing_every_bound_socket_while_valid_traffic_flows():
             await asyncio.sleep(0.05)
         await asyncio.sleep(1.0)  # let the fuzzer's tail drain
         drainer.cancel()
-        assert sorted(got, key=lambda s: int(s.split(":")[1])) == valid_ids  # each valid group exactly once
+        assert sorted(got, key=lambda s: int(s.rsplit(":", 1)[1])) == valid_ids  # each valid group exactly once
         assert len(set(got)) == len(got) == 200
         assert ls.rollouts.rejects.count > 0.5 * count  # mutated frames were counted, not accepted
         assert ls.work.rejects.count > 0.5 * count

@@ -2,7 +2,6 @@
 tests/test_train_step.py in fresh processes (DeepSpeed owns the process's torch.distributed group)."""
 
 import json
-import os
 import sys
 
 import torch

@@ -11,7 +11,7 @@ def make_group(group_id: str, n: int = 4, length: int = 5, prompt_len: int = 3, 
     lengths = np.full(n, length, dtype=np.int32)
     total = int(lengths.sum())
     return wire.RolloutGroup(
-        group_id=group_id, prompt_id=seed, actor_id=group_id.rsplit(":", 1)[0], policy_version=version,
+        group_id=group_id, prompt_id=seed, actor_id=group_id.split(":")[0], policy_version=version,
         verifier="synthetic", verifier_version="1",
         prompt_ids=rng.integers(0, 1000, prompt_len, dtype=np.int32),
         lengths=lengths,

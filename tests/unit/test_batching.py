@@ -54,6 +54,18 @@ def test_returned_prompts_are_granted_again_first():
     assert again[:2] == first[:2] and again[2] == 3
 
 
+def test_returned_prompts_are_granted_again_even_at_the_freshness_bound():
+    """Every pending prompt came back (their groups were dropped as stale): they must be granted again,
+    not held back by the bound they themselves fill."""
+    d = _dispatcher(B=2, K=1)
+    first = [i.prompt_id for i in d.grant("a", 100, 100, step=0, actor_version=0)]
+    assert len(first) == 4 and d.grant("a", 100, 100, step=0, actor_version=0) == []
+    d.give_back(first)
+    again = [i.prompt_id for i in d.grant("b", 100, 100, step=0, actor_version=0)]
+    assert again == first  # the same prompts, and no fresh ones beyond the bound
+    assert d.grant("b", 100, 100, step=0, actor_version=0) == []
+
+
 def test_admission_drops_groups_beyond_the_bound_and_records_the_histogram():
     a = Admission(max_staleness=1)
     assert a.admit(make_group("x:0", version=3), step=4)
@@ -62,3 +74,16 @@ def test_admission_drops_groups_beyond_the_bound_and_records_the_histogram():
     assert [g.group_id for g in keep] == ["x:2"] and [g.group_id for g in stale] == ["x:3"]
     st = a.take_stats()
     assert st["drop_stale"] == 2.0 and st["staleness_0"] > 0
+
+
+def test_a_group_is_used_only_from_the_actor_holding_its_prompt():
+    d = _dispatcher(B=4, K=1)
+    a = [i.prompt_id for i in d.grant("a", 2, 100, step=0, actor_version=0)]
+    b = [i.prompt_id for i in d.grant("b", 2, 100, step=0, actor_version=0)]
+    assert not d.claim(a[0], "b")  # b never held it
+    assert d.claim(a[0], "a") and not d.claim(a[0], "a")  # once: a second group for it is not used
+    assert d.give_back([b[0]], "a") == []  # a cannot hand back what b holds
+    assert d.retire("b") == b  # b is gone: its prompts go back to the queue...
+    assert d.claim(b[1], "b")  # ...a late group from b for a prompt still in the queue is still good,
+    assert [i.prompt_id for i in d.grant("c", 1, 100, step=0, actor_version=0)] == [b[0]]  # the rest re-granted
+    assert not d.claim(b[0], "b") and d.claim(b[0], "c")  # and only the new holder's group counts
