@@ -1,10 +1,16 @@
 """`brorl run`: every role on one machine, as processes.
 
 Writes the resolved config to `run_dir/config.toml`, starts `brorl learner` and `actor.num_actors`
-× `brorl actor` from it, prints a live one-line status from the metrics file, and:
-  - restarts an actor that dies (it rejoins and gets the current weights before taking work);
-  - on Ctrl-C / SIGTERM, sends SIGTERM to every process it started (by pid), so the learner writes a
-    resumable checkpoint, and waits for them;
+× `brorl actor` from it, prints a live status from the metrics file, and:
+  - restarts an actor that dies (a new incarnation: it rejoins and gets the current weights before taking
+    work), after a back-off that doubles from 1 s to 60 s, at most `run.max_actor_restarts` times each;
+  - on Ctrl-C, SIGTERM or SIGINT stops in order: SIGTERM to the learner, which finishes the step in hand,
+    writes a resumable checkpoint and tells the actors to stop; then SIGTERM to the actors. Each wait is
+    bounded by what that role may legitimately take (`stop_timeouts`); whatever outlives it is killed
+    with its process group;
+  - children never outlive it: each gets SIGTERM from the kernel when the launcher dies, even by SIGKILL
+    (Linux parent-death signal), and runs in a process group the launcher kills on its way out;
+  - rotates each role's log past `run.log_max_mb`;
   - when the learner finishes, stops the actors, evaluates the checkpoint before and after training
     (held-out pass@1), writes the plots and prints a summary.
 It starts no role in its own process: children are separate `brorl` processes (the same commands
@@ -13,6 +19,7 @@ It starts no role in its own process: children are separate `brorl` processes (t
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -26,9 +33,33 @@ from config.loader import to_toml
 from config.schema import BrorlConfig
 from learner import metrics as metrics_mod
 
+PR_SET_PDEATHSIG = 1
+ACTOR_DRAIN_S = 60.0  # an actor's SIGTERM drain bound (actors/actor.py)
+
 
 def _brorl(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli", *args]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies (however it dies)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the process group kill on the way out still applies
+        return
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+class Stop(Exception):
+    """SIGTERM or SIGINT reached the launcher: stop the job in order."""
+
+
+def stop_timeouts(cfg: BrorlConfig) -> tuple[float, float]:
+    """(learner, actors) seconds to wait after SIGTERM before killing: the learner may be inside a weight
+    broadcast (up to `transport.weight_timeout_s`) and then writes a checkpoint; an actor drains its
+    in-flight groups (up to 60 s) and shuts its engine down."""
+    return cfg.transport.weight_timeout_s + 120.0, ACTOR_DRAIN_S + 30.0
 
 
 class Launcher:
@@ -40,17 +71,33 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs = self.run_dir / "logs"
         self.restarts = 0
+        self.restarts_of: dict[str, int] = {}
+        self._started_at: dict[str, float] = {}
+        self._restart_at: dict[str, float] = {}  # actor -> when its back-off ends
+        self.given_up: list[str] = []
         self._stopping = False
         self._drawn = 0  # lines of the live panel on screen
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
+        self._rotate(name)
         log = open(self.logs / f"{name}.log", "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         p = subprocess.Popen(_brorl(*args), stdout=log, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_die_with_parent)
+        log.close()
         self.procs[name] = p
+        self._started_at[name] = time.monotonic()
         return p
+
+    def _rotate(self, name: str) -> None:
+        path = self.logs / f"{name}.log"
+        if path.exists() and path.stat().st_size > self.cfg.run.log_max_mb * 2**20:
+            os.replace(path, path.with_suffix(".log.1"))  # the running child keeps writing to the old file
+            # until it is restarted; a fresh file is opened for the next start
+
+    def _actor_args(self, name: str) -> list[str]:
+        return ["actor", "--config", str(self.run_dir / "config.toml"), "--actor-id", name]
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -58,15 +105,16 @@ class Launcher:
         cfg_path.write_text(to_toml(self.cfg))
         self._start("learner", ["learner", "--config", str(cfg_path), *(["--resume"] if self.resume else [])])
         for i in range(self.cfg.actor.num_actors):
-            self._start(f"actor-{i}", ["actor", "--config", str(cfg_path), "--actor-id", f"actor-{i}"])
+            self._start(f"actor-{i}", self._actor_args(f"actor-{i}"))
 
-    def stop(self, timeout_s: float = 90.0) -> None:
+    def stop(self, timeouts: tuple[float, float] | None = None) -> None:
         """SIGTERM the learner and wait for it (it finishes the step in hand, writes a checkpoint and tells
-        the actors to stop), then SIGTERM the actors and wait; SIGKILL whatever outlives the timeout."""
+        the actors to stop), then SIGTERM the actors and wait; kill the process group of whatever outlives
+        its timeout."""
         self._stopping = True
         learner = [n for n in self.procs if n == "learner"]
         actors = [n for n in self.procs if n != "learner"]
-        for group in (learner, actors):
+        for group, timeout_s in zip((learner, actors), timeouts or stop_timeouts(self.cfg)):
             for name in group:
                 p = self.procs[name]
                 if p.poll() is None:
@@ -77,22 +125,49 @@ class Launcher:
                 try:
                     p.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+                    print(f"[brorl run] {name} did not stop within {timeout_s:.0f} s; killing it", flush=True)
+                    p.kill()
                     p.wait()
+                _kill_group(p.pid)  # whatever it left behind in its process group
+
+    def _supervise_actors(self) -> None:
+        """Restart dead actors after their back-off, up to the cap."""
+        now = time.monotonic()
+        for name, p in list(self.procs.items()):
+            if name == "learner" or p.poll() is None or name in self.given_up:
+                continue
+            if name not in self._restart_at:
+                _kill_group(p.pid)  # the dead actor's engine and scoring processes
+                lived = now - self._started_at[name]
+                n = 0 if lived > 600 else self.restarts_of.get(name, 0)
+                if n >= self.cfg.run.max_actor_restarts:
+                    self.given_up.append(name)
+                    print(f"[brorl run] {name} exited with {p.returncode} and was restarted {n} times "
+                          f"(run.max_actor_restarts); leaving it down", flush=True)
+                    continue
+                self.restarts_of[name] = n + 1
+                delay = min(60.0, 2.0 ** n)
+                self._restart_at[name] = now + delay
+                print(f"[brorl run] {name} exited with {p.returncode}; restarting it in {delay:.0f} s "
+                      f"({n + 1}/{self.cfg.run.max_actor_restarts})", flush=True)
+            elif now >= self._restart_at[name]:
+                del self._restart_at[name]
+                self.restarts += 1
+                self._start(name, self._actor_args(name))
 
     def wait(self) -> int:
         """Until the learner exits; actors that die are restarted. Returns the learner's exit code."""
         learner = self.procs["learner"]
         last = 0.0
         while learner.poll() is None:
-            for name, p in list(self.procs.items()):
-                if name != "learner" and p.poll() is not None and not self._stopping:
-                    self.restarts += 1
-                    print(f"[brorl run] {name} exited with {p.returncode}; restarting it", flush=True)
-                    self._start(name, ["actor", "--config", str(self.run_dir / "config.toml"), "--actor-id", name])
-            if not self.quiet and time.monotonic() - last > 5:
+            if not self._stopping:
+                self._supervise_actors()
+            if time.monotonic() - last > 5:
                 last = time.monotonic()
-                self._status()
+                for name in self.procs:
+                    self._rotate(name)
+                if not self.quiet:
+                    self._status()
             time.sleep(0.5)
         if not self.quiet:
             self._status()
@@ -114,20 +189,36 @@ class Launcher:
             print(lines[0], flush=True)
 
 
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True) -> int:
     from cli.plots import plot_run
 
     la = Launcher(cfg, resume=resume)
-    before = _evaluate(cfg, cfg.model.path, "before") if evaluate and not resume else None
-    la.start()
+
+    def on_signal(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one ordered stop; a second signal changes nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise Stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     interrupted = False
     t0 = time.monotonic()
     try:
+        before = _evaluate(cfg, cfg.model.path, "before") if evaluate and not resume else None
+        t0 = time.monotonic()
+        la.start()
         rc = la.wait()
-    except KeyboardInterrupt:
+    except Stop as e:
         interrupted = True
-        rc = 130
-        print("\n[brorl run] stopping: the learner writes a checkpoint; resume with --resume", flush=True)
+        rc = 130 if str(e) == "SIGINT" else 143
+        print(f"\n[brorl run] {e}: stopping — the learner writes a checkpoint; resume with --resume", flush=True)
     finally:
         la.stop()
     wall = time.monotonic() - t0
@@ -153,7 +244,7 @@ def _evaluate(cfg: BrorlConfig, model_path: str, tag: str) -> dict | None:
     cfg_path.write_text(to_toml(cfg))
     out = run_dir / f"eval-{tag}.json"
     r = subprocess.run(_brorl("eval", "--config", str(cfg_path), "--checkpoint", model_path, "--out", str(out)),
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, preexec_fn=_die_with_parent)
     if r.returncode != 0:
         print(f"[brorl run] evaluation '{tag}' failed:\n{r.stderr[-2000:]}", flush=True)
         return None

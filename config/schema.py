@@ -150,8 +150,17 @@ class LearnerConfig(_Section):
     device: str = "cpu"
     """Torch device of the learner ("cpu", "cuda", "cuda:1")."""
 
+    max_nonfinite_steps: int = Field(3, ge=1)
+    """A step whose every mini-batch had a non-finite loss or gradient norm changes nothing (skipped,
+    counted in `step_skipped`); this many such steps in a row stop the job with the error, after a
+    checkpoint of the (unchanged, last good) weights."""
+
     checkpoint_interval: int = Field(10, ge=1)
     """Write a checkpoint every this many steps (and on SIGTERM)."""
+
+    checkpoint_keep: int = Field(3, ge=1)
+    """Checkpoints kept by rotation (the newest ones); a checkpoint folder holding a file named KEEP is
+    never removed."""
 
     seed: int = 0
     """Seed of the learner's RNGs (data order, dropout)."""
@@ -225,6 +234,14 @@ class RunConfig(_Section):
 
     eval_samples: int = Field(16, ge=1)
     """k samples per prompt for pass@1 (paper: 16, temperature 0.6, top_p 0.95)."""
+
+    max_actor_restarts: int = Field(20, ge=0)
+    """`brorl run` restarts an actor process that dies, with a back-off (1 s doubling to 60 s; reset after 10
+    minutes of life), at most this many times per actor; past that the actor stays down and is reported."""
+
+    log_max_mb: float = Field(50.0, gt=0.0)
+    """`brorl run` rotates a role's log (`logs/<role>.log` -> `.log.1`, one old copy) when it has grown past
+    this size, checked every few seconds."""
 
     eval_interval: int = Field(0, ge=0)
     """Every this many steps (and before the first), the learner estimates held-out pass@1 itself with

@@ -5,6 +5,9 @@ Both expose the same small surface to `learner/train_step.py`:
     backend.module          the nn.Module to run forward passes on
     backend.backward(loss)  accumulate gradients
     backend.step() -> float clip to `grad_clip`, apply AdamW, zero grads; returns the pre-clip norm
+                            (torch: a non-finite norm skips AdamW, so weights and moments stay untouched;
+                            DeepSpeed applies its own step — the trainer's loss check guards it)
+    backend.discard_gradients()
     backend.set_lr(lr)      the step's learning rate (paper 4.2's sqrt scaling is applied by the caller)
     backend.reset_optimizer()
     backend.rank, backend.world_size
@@ -35,6 +38,8 @@ class Backend(Protocol):
 
     def step(self) -> float: ...
 
+    def discard_gradients(self) -> None: ...
+
     def set_lr(self, lr: float) -> None: ...
 
     def reset_optimizer(self) -> None: ...
@@ -60,9 +65,13 @@ class TorchBackend:
 
     def step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
+        if torch.isfinite(norm):  # a non-finite gradient never reaches the weights or the AdamW moments
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def discard_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
 
     def set_lr(self, lr: float) -> None:
         for g in self.optimizer.param_groups:
@@ -113,6 +122,9 @@ class DeepSpeedBackend:
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
+
+    def discard_gradients(self) -> None:
+        self.engine.zero_grad()
 
     def step(self) -> float:
         self.engine.step()

@@ -1,4 +1,4 @@
-"""Checkpoints and exact resume.
+"""Checkpoints and exact resume, safe against crashes at any point.
 
 A checkpoint is a folder `run_dir/checkpoints/step-<N>/` holding
     model/            the policy as a Hugging Face folder (config, tokenizer, model.safetensors) —
@@ -6,13 +6,20 @@ A checkpoint is a folder `run_dir/checkpoints/step-<N>/` holding
     optimizer.pt      optimizer state
     state.json        step, policy version, data cursor (next fresh prompt id + prompts granted but not
                       yet consumed), RNG states (python, numpy, torch, the trainer's shuffling generator)
-It is written to a temporary folder and renamed into place, then `run_dir/checkpoints/latest` (a small
-text file) is replaced atomically; a crash at any point leaves the previous checkpoint usable.
+    manifest.json     every file's size, written last: a folder without it, or whose files differ from it,
+                      is not a checkpoint
+    KEEP              (optional, e.g. `touch`ed by an operator) never removed by rotation
+Writing: a temporary folder, every file and folder fsynced, renamed into place (a previous copy of the same
+step is first moved aside, then removed), the parent fsynced; then `checkpoints/latest` (a small text file)
+is replaced atomically and fsynced. Reading (`latest`): if what `latest` names is missing or does not match
+its manifest, the newest valid checkpoint is used instead, with a warning. Leftover temporary folders of a
+crashed save are removed when the learner starts (`clean_leftovers`). Rotation keeps the newest `keep` plus any marked KEEP.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -22,6 +29,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+log = logging.getLogger("brorl.learner")
 
 
 @dataclass
@@ -33,6 +42,10 @@ class CheckpointState:
     def model_dir(self) -> Path:
         return self.path / "model"
 
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
 
 class Checkpointer:
     """Writes and reads checkpoint folders; what goes into one is the caller's (`LearnerService.state_dict`):
@@ -42,6 +55,21 @@ class Checkpointer:
     def __init__(self, run_dir: str | Path, keep: int = 3):
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
+
+    def clean_leftovers(self) -> None:
+        """Finish or undo what a crashed save left (only the process that saves may call this)."""
+        if not self.root.exists():
+            return
+        for p in self.root.glob(".aside-step-*"):  # a crash between the two renames of a re-save
+            final = self.root / p.name.split("-", 1)[1].rsplit("-", 1)[0]
+            if not final.exists():
+                os.replace(p, final)
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+        for p in self.root.glob(".tmp-step-*"):
+            log.warning("removing %s, left by a save that did not finish", p)
+            shutil.rmtree(p, ignore_errors=True)
+        (self.root / ".latest.tmp").unlink(missing_ok=True)
 
     def save(self, state: dict, write_model: Callable[[Path], None]) -> Path:
         step = int(state["meta"]["step"])
@@ -53,32 +81,67 @@ class Checkpointer:
         write_model(tmp / "model")
         torch.save(state["optimizer"], tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state["meta"]))
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / "manifest.json").write_text(json.dumps(files))
         _fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        if final.exists():  # the same step again (e.g. a stop right after a scheduled save)
+            aside = self.root / f".aside-step-{step:06d}-{os.getpid()}"
+            os.replace(final, aside)
+            os.replace(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(self.root)
         pointer = self.root / ".latest.tmp"
-        pointer.write_text(final.name)
+        with open(pointer, "w") as f:
+            f.write(final.name)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(pointer, self.root / "latest")
+        _fsync_dir(self.root)
         self._prune(final)
         return final
 
     def latest(self) -> CheckpointState | None:
+        """The checkpoint `latest` names, or the newest valid one if that one is missing or damaged."""
         ptr = self.root / "latest"
-        if not ptr.exists():
-            return None
-        path = self.root / ptr.read_text().strip()
-        meta = json.loads((path / "state.json").read_text())
-        return CheckpointState(path, meta)
+        named = self.root / ptr.read_text().strip() if ptr.exists() else None
+        if named is not None:
+            st = _read_valid(named)
+            if st is not None:
+                return st
+        for path in sorted(self.root.glob("step-*"), reverse=True) if self.root.exists() else []:
+            st = _read_valid(path)
+            if st is not None:
+                if named is not None:
+                    log.warning("checkpoint %s is missing or damaged; resuming from %s instead", named.name, path.name)
+                return st
+        if named is not None:
+            log.warning("checkpoint %s is missing or damaged and no other valid one exists", named.name)
+        return None
 
     def load(self, st: CheckpointState) -> dict:
         """The state saved in `st` (the model folder is `st.model_dir`, loaded by whoever builds the model)."""
         return {"meta": st.meta, "optimizer": torch.load(st.path / "optimizer.pt")}
 
     def _prune(self, newest: Path) -> None:
-        olds = sorted(p for p in self.root.glob("step-*") if p != newest)
+        olds = sorted(p for p in self.root.glob("step-*") if p != newest and not (p / "KEEP").exists())
         for p in olds[: max(0, len(olds) - (self.keep - 1))]:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def _read_valid(path: Path) -> CheckpointState | None:
+    """The checkpoint at `path` if every file its manifest lists is there with its size, else None."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        for name, size in manifest.items():
+            if (path / name).stat().st_size != size:
+                return None
+        meta = json.loads((path / "state.json").read_text())
+        int(meta["step"])
+        return CheckpointState(path, meta)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def rng_state() -> dict:
@@ -110,7 +173,19 @@ def _tupled(x):
 
 
 def _fsync_tree(path: Path) -> None:
+    """fsync every file, then every folder (deepest first), so the data and the names are on disk."""
     for p in path.rglob("*"):
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+    for d in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        _fsync_dir(d)
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -15,7 +15,7 @@ class MetricsWriter:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self._f = self.path.open("a")
+        self._f = open_append(self.path)
         self.non_finite = 0
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -55,8 +55,30 @@ class MetricsWriter:
             self.tb.close()
 
 
+def open_append(path: str | Path):
+    """Open a JSONL file for appending, first cutting off a torn last line (a crash in the middle of a
+    write), so every line after it stays whole."""
+    p = Path(path)
+    if p.exists() and p.stat().st_size:
+        with open(p, "rb+") as f:
+            data = f.read()
+            if not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
+    return p.open("a")
+
+
 def read(path: str | Path) -> list[dict]:
+    """Every whole row; a torn last line (a crash mid-write) is skipped, a bad line elsewhere is an error."""
     p = Path(path)
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    lines = [line for line in p.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{p}: line {i + 1} is not JSON: {line[:80]!r}") from None
+    return rows

@@ -22,7 +22,7 @@ from pathlib import Path
 from config.schema import BrorlConfig
 from learner.batching import Admission, Batch, Batcher, Dispatcher, Membership
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
-from learner.metrics import MetricsWriter
+from learner.metrics import MetricsWriter, open_append
 from learner.report import StepReport
 from learner.train_step import Trainer, TrainGroup
 from transport import wire
@@ -30,6 +30,10 @@ from transport.weights import WeightBroadcaster, WeightSyncError, free_port
 from transport.zmq_transport import Endpoints, LearnerSockets, Security
 
 log = logging.getLogger("brorl.learner")
+
+
+class NonFiniteTraining(RuntimeError):
+    """`learner.max_nonfinite_steps` steps in a row changed nothing because of non-finite values."""
 
 
 def main(cfg: BrorlConfig, resume: bool) -> int:
@@ -44,7 +48,8 @@ class LearnerService:
 
         self.cfg = cfg
         torch.manual_seed(cfg.learner.seed)
-        self.ckpt = Checkpointer(cfg.run.run_dir)
+        self.ckpt = Checkpointer(cfg.run.run_dir, keep=cfg.learner.checkpoint_keep)
+        self.ckpt.clean_leftovers()
         saved = self.ckpt.latest() if resume else None
         model = AutoModelForCausalLM.from_pretrained(saved.model_dir if saved else cfg.model.path,
                                                      dtype=getattr(torch, cfg.model.dtype))
@@ -68,12 +73,13 @@ class LearnerService:
                                              backend=t.weight_backend, host=t.host)
         self.metrics = MetricsWriter(cfg.run.run_dir)
         # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
-        self.ledger = open(Path(cfg.run.run_dir) / "ledger.jsonl", "a")
+        self.ledger = open_append(Path(cfg.run.run_dir) / "ledger.jsonl")
         self.stop = asyncio.Event()
         self._eval_tasks = None
         self._t_first: float | None = None  # first group's arrival: the origin of heldout wall_s
         self._eval_s = 0.0
         self.generated_total = 0  # samples generated since this process started (resume: counts afresh)
+        self._bad_steps = 0  # consecutive steps skipped for non-finite values
 
     @staticmethod
     def endpoints_of(cfg: BrorlConfig) -> Endpoints:
@@ -105,6 +111,7 @@ class LearnerService:
             await self.checkpoint_if_due()
             await self.evaluate_if_due(report)
             self.metrics.write(self.version, report.row())
+            await self.stop_if_numerics_failed()
             report = StepReport()
 
     def _interrupted(self) -> bool:
@@ -113,7 +120,21 @@ class LearnerService:
 
     async def train_on(self, batch: Batch, report: StepReport) -> None:
         self.dispatcher.observe_keep_rate(len(batch.groups), int(batch.stats["groups_received"]))
-        report.update(await asyncio.to_thread(self.trainer.step, [TrainGroup.from_wire(g) for g in batch.groups]))
+        m = await asyncio.to_thread(self.trainer.step, [TrainGroup.from_wire(g) for g in batch.groups])
+        report.update(m)
+        self._bad_steps = self._bad_steps + 1 if m.get("step_skipped") else 0
+        if self._bad_steps:
+            log.error("step %d: every mini-batch had a non-finite loss or gradient; nothing was applied (%d in a "
+                      "row, limit learner.max_nonfinite_steps = %d)", self.version, self._bad_steps,
+                      self.cfg.learner.max_nonfinite_steps)
+
+    async def stop_if_numerics_failed(self) -> None:
+        """`learner.max_nonfinite_steps` skipped steps in a row: checkpoint (the weights are the last good
+        ones: nothing was applied since) and stop the job with the error."""
+        if self._bad_steps >= self.cfg.learner.max_nonfinite_steps:
+            await self.checkpoint_if_due(force=True)
+            raise NonFiniteTraining(f"{self._bad_steps} steps in a row with non-finite loss or gradients "
+                                    f"(up to step {self.version}); checkpoint of the last good weights written")
 
     def commit(self, batch: Batch, report: StepReport) -> None:
         """The batch's prompts (trained, or dropped by dynamic sampling) leave the data cursor's pending set."""
@@ -214,7 +235,7 @@ class LearnerService:
                "wall_s": wall, "eval_s": time.monotonic() - t0, "pass_at_1": p}
         if self._t_first is not None:
             self._eval_s += row["eval_s"]  # wall_s counts training time only
-        with open(Path(self.cfg.run.run_dir) / "heldout.jsonl", "a") as f:
+        with open_append(Path(self.cfg.run.run_dir) / "heldout.jsonl") as f:
             f.write(json.dumps(row) + "\n")
         log.info("held-out pass@1 at step %d: %.3f", row["step"], p)
         return p

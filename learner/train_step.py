@@ -12,6 +12,9 @@ Inside a step (design.md, "The algorithm, precisely"):
      η = η0 · sqrt(B_samples / B0);
   4. every `ref_reset_interval` steps the reference policy is reset to the current one (and, if
      configured, the AdamW state is cleared).
+A mini-batch whose loss or gradient norm is not finite is skipped: no optimizer step, weights and AdamW
+state untouched; counted in `nonfinite_skipped` (and `step_skipped` = 1 when no mini-batch was left, or
+when the advantages themselves are not finite).
 With DeepSpeed and several ranks each rank trains on its slice of every mini-batch; its loss is scaled
 by its share of the mini-batch's tokens so that the averaged gradient equals the single-process one.
 """
@@ -19,6 +22,7 @@ by its share of the mini-batch's tokens so that the averaged gradient equals the
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -156,6 +160,11 @@ class Trainer:
             "pass_rate": pass_rate(keep, n),
             "lr": self.lr,
         }
+        if not torch.isfinite(adv[keep]).all():  # e.g. rewards so large that their spread overflows
+            self.state.step += 1
+            metrics.update(nonfinite_skipped=float(cfg.num_minibatches), step_skipped=1.0, grad_norm=float("nan"),
+                           train_s=time.perf_counter() - t0)
+            return metrics
         prompts, comps, behav, sample_adv = [], [], [], []
         for gi, g in enumerate(groups):
             if not keep[gi]:
@@ -192,6 +201,7 @@ class Trainer:
             work.append((mine, old, b[sl].to(dev), a[sl].to(dev), ref, weight))
         totals: dict[str, float] = {}
         grad_norms = []
+        skipped = 0
         for mine, old, b, a, ref, weight in work:
             logp, ent = self._logp(self.model, mine, grad=True)
             loss, m = policy_loss(
@@ -199,21 +209,33 @@ class Trainer:
                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, tis_cap=cfg.tis_cap,
                 kl_coef=cfg.kl_coef, ref_logp=ref, loss_agg=cfg.loss_agg, entropy=ent,
             )
+            if not _finite_everywhere(loss, world):  # no backward, no optimizer step: nothing changes
+                self.backend.discard_gradients()
+                skipped += 1
+                continue
             self.backend.backward(loss * weight)
-            grad_norms.append(self.backend.step())
+            norm = self.backend.step()
+            if not math.isfinite(norm):  # the backend skipped the optimizer step
+                skipped += 1
+                continue
+            grad_norms.append(norm)
             m["loss"] = loss.item()
-            share = weight / world / len(work)  # this rank's part of the mini-batch mean
+            share = weight / world  # this rank's part of the mini-batch mean
             for k, v in m.items():
                 totals[k] = totals.get(k, 0.0) + v * (1.0 if k == "tokens" else share)
         if world > 1:
             totals = _all_reduce_sum(totals)
+        used = max(1, len(work) - skipped)  # means over the mini-batches that were applied
+        totals = {k: v if k == "tokens" else v / used for k, v in totals.items()}
         self.state.step += 1
         if cfg.ref_reset_interval and self.state.step % cfg.ref_reset_interval == 0:
             self.reset_reference()
             metrics["ref_reset"] = 1.0
         metrics.update(totals)
         metrics.update(
-            grad_norm=sum(grad_norms) / len(grad_norms),
+            grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            nonfinite_skipped=float(skipped),
+            step_skipped=float(skipped == len(work)),
             samples=float(S),
             minibatches=float(len(mbs)),
             train_s=time.perf_counter() - t0,
@@ -224,6 +246,16 @@ class Trainer:
     def _rank_slice(n: int, rank: int, world: int) -> tuple[int, int]:
         per = -(-n // world)
         return min(rank * per, n), min((rank + 1) * per, n)
+
+
+def _finite_everywhere(loss: torch.Tensor, world: int) -> bool:
+    """Is the loss finite on every rank? (All ranks must skip the same mini-batch together.)"""
+    ok = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item() > 0)
 
 
 def _all_reduce_sum(values: dict[str, float]) -> dict[str, float]:

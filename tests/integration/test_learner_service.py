@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 
 from config.loader import load_config
 from learner.metrics import read
@@ -169,3 +170,33 @@ async def test_restarted_actor_is_a_new_incarnation_and_its_groups_train(tiny_mo
     assert len(restarted) == 1 and restarted[0]["actor"] == "a0"
     for pid in restarted[0]["returned"]:  # what the dead process held was granted again
         assert len(granted[pid]) >= 2
+
+
+async def test_nonfinite_steps_change_nothing_then_stop_the_job_with_a_checkpoint(tiny_model_dir, tmp_path):
+    """Rewards of 3e38 (finite, so the wire takes them) make every advantage NaN: each step is skipped with
+    weights and optimizer untouched and counted; `max_nonfinite_steps` = 2 in a row stop the job with the
+    error, after a checkpoint whose weights are the ones training started from."""
+    import torch
+    from safetensors.torch import load_file
+
+    from learner.service import NonFiniteTraining
+
+    cfg = job(tiny_model_dir, tmp_path, steps=10, **{"learner.max_nonfinite_steps": 2})
+    svc = LearnerService(cfg)
+    before = {k: v.clone() for k, v in svc.trainer.model.state_dict().items()}
+    actor = FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, seed=3, reward=3e38)
+    service = asyncio.create_task(svc.run())
+    await actor.start()
+    try:
+        with pytest.raises(RuntimeError) as err:
+            await asyncio.wait_for(service, 60)
+        assert isinstance(err.value.__cause__, NonFiniteTraining)
+    finally:
+        await actor.kill()
+    rows = read(tmp_path / "metrics.jsonl")
+    assert [r["step_skipped"] for r in rows] == [1.0, 1.0] and all(r["nonfinite_skipped"] == 1 for r in rows)
+    for k, v in svc.trainer.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert not svc.trainer.backend.optimizer.state  # AdamW never stepped: no moments were created
+    saved = load_file(str(tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors"))
+    assert all(torch.equal(saved[k], before[k]) for k in saved)

@@ -130,3 +130,23 @@ def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, world):
         update += (v - init[k]).float().pow(2).sum().item()
     assert moved > 1e-4  # the update really changed the weights
     assert (diff / update) ** 0.5 < 1e-3, (diff / update) ** 0.5  # and both backends made the same update
+
+
+def test_nonfinite_gradient_skips_the_update_and_is_counted(tiny_model_dir):
+    """A NaN gradient (forced through a hook on one weight) never reaches the weights or the AdamW moments:
+    the mini-batch is skipped and counted; a finite step afterwards trains as usual."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    groups, eos = fixed_groups(tiny_model_dir)
+    tr = Trainer(model, LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3), n_samples=8,
+                 pad_id=eos)
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    p = next(tr.model.parameters())
+    hook = p.register_hook(lambda g: g * float("nan"))
+    m = tr.step(groups)
+    assert m["nonfinite_skipped"] == 2 and m["step_skipped"] == 1.0 and tr.state.step == 1
+    assert all(torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())
+    assert not tr.backend.optimizer.state
+    hook.remove()
+    m = tr.step(groups)
+    assert m["nonfinite_skipped"] == 0 and m["step_skipped"] == 0.0 and torch.isfinite(torch.tensor(m["loss"]))
+    assert any(not torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())

@@ -1,7 +1,6 @@
 """Real ZeroMQ sockets on loopback: barrier, credits, exactly-once with reconnect, CURVE, fuzzing."""
 
 import asyncio
-import subprocess
 import sys
 from pathlib import Path
 
