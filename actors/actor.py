@@ -3,16 +3,13 @@
     asks for work (credits) -> generates N completions per prompt (FINAL_ONLY: one output with all N)
     -> scores them in the verifier pool (off the event loop) -> sends the group (acked, re-sent if lost)
 
-Named loops (inbox, control, work, weights, heartbeat) over explicit collaborators: `WeightSync` (the
-weights' version and state, the weight group, the receive; `may_admit`: no prompt starts unless the
-weights are the learner's and at most `max_staleness` versions behind), `EngineSupervisor` (creation,
-death, restart budget), `verifiers.registry.Registry` (hot swaps self-tested before they replace anything)
-and `GroupPipeline` (one prompt: generate, score, send). On a new version the actor stops admitting,
-finishes or aborts what is in flight (`actor.in_flight_on_update`; aborted prompts go back), receives the
-weights, resets the prefix cache and resumes. A dead engine is rebuilt in place; its prompts go back and
-the actor says hello again, taking no work until the learner's next broadcast. If a background task dies
-the actor stops with its error. SIGTERM drains: no new work, in-flight groups finish and are acknowledged
-(bounded), then engine and verifier pool shut down.
+Named loops (inbox, control, work, weights, heartbeat) over collaborators: `WeightSync` (weights' version
+and state, weight group, receive; `may_admit`), `EngineSupervisor` (engine creation, death, restart budget),
+`verifiers.registry.Registry` (self-tested hot swaps) and `GroupPipeline` (one prompt: generate, score,
+send). A dead engine is rebuilt in place; a restarted learner (a new epoch) is rejoined: the actor drops
+what belonged to the old one and waits for the new one's weights. If a background task dies the actor
+stops with its error. SIGTERM drains: no new work, in-flight groups finish and are acknowledged (bounded),
+then engine and verifier pool shut down.
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ from config.schema import BrorlConfig
 from transport import wire
 from transport.weights import WeightReceiver
 from transport.zmq_transport import ActorSockets, Endpoints, Security
-from verifiers.registry import Registry, VerifierLoadError
+from verifiers.registry import Registry
 
 log = logging.getLogger("brorl.actor")
 
@@ -54,11 +51,12 @@ class Actor:
         self.inflight: dict[str, wire.PromptItem] = {}  # request id -> prompt
         self.returned: list[int] = []  # prompt ids to hand back with the next request
         self.tasks = TaskSet(actor_id)
-        self.supervisor = EngineSupervisor(lambda: make_async_engine(cfg), cfg.actor.max_engine_restarts)
+        self.supervisor = EngineSupervisor(lambda: make_async_engine(cfg), cfg.actor.max_engine_restarts,
+                                           self.tasks.spawn, self._engine_down, self._engine_up)
         self.sync = WeightSync(actor_id, cfg.learner.max_staleness, None, self.tasks.spawn)
         self._assignments: asyncio.Queue[wire.WorkAssignment] = asyncio.Queue()
-        self._restarting: asyncio.Task | None = None
         self._learner_stopped = False
+        self.learner_epoch = ""  # the learner process we work for (from its snapshots and control messages)
 
     async def run(self) -> int:
         offline_env()
@@ -75,10 +73,8 @@ class Actor:
         try:
             self.apply_snapshot(await self.sockets.sync(self.sync.version, timeout_s=120))
             self.load.start_clock()  # the idle clock starts with the job
-            for coro, name in ((self._inbox_loop(), "inbox"), (self._control_loop(), "control"),
-                               (self._work_loop(), "work"), (self._weights_loop(), "weights"),
-                               (self._heartbeat_loop(), "heartbeat")):
-                self.tasks.spawn(coro, name)
+            for name in ("inbox", "control", "work", "weights", "heartbeat"):
+                self.tasks.spawn(getattr(self, f"_{name}_loop")(), name)
             watch = [self.tasks.spawn(self.stopping.wait(), "stop-signal"),
                      self.tasks.spawn(self.tasks.failed.wait(), "fatal-watch")]
             await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
@@ -93,28 +89,18 @@ class Actor:
             self.supervisor.shutdown()
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
-        """No new work; wait for in-flight groups to be generated, sent and acknowledged."""
+        """No new work; wait for in-flight groups to be generated, sent and acknowledged (not long if the
+        learner said stop: it acknowledges nothing more, and a resume regenerates them)."""
         self.paused = True
-        if self._learner_stopped:
-            timeout_s = 3.0  # unacknowledged groups are regenerated after a resume: don't wait for acks
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (3.0 if self._learner_stopped else timeout_s)
         while (self.inflight or self.sockets.rollouts.unacked) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         if self.inflight:
             await self._request(0, [i.prompt_id for i in self.inflight.values()])
 
-    def _engine_dead(self, err: BaseException | None = None) -> bool:
-        """True if the engine is gone (and starts its rebuild, once)."""
-        dead = self.supervisor.is_dead(err)
-        if dead and self._restarting is None:
-            why = f"{type(err).__name__}: {err}" if err is not None else "engine reported errored"
-            self._restarting = self.tasks.spawn(self._restart_engine(why[:300]), "engine-restart")
-        return dead
-
-    async def _restart_engine(self, why: str) -> None:
-        sup = self.supervisor
-        self.last_error = f"vLLM engine died ({why}); restarting it ({sup.restarts + 1}/{sup.max_restarts})"
-        log.error(self.last_error)
+    async def _engine_down(self, why: str) -> None:
+        """The engine died: no generation, no weights, until the rebuilt one has the learner's weights."""
+        self.last_error = why
         self.sync.engine_restarting()
         if self.inflight:  # their generate() calls fail fast; each hands its prompt back
             self.stats.aborted += len(self.inflight)
@@ -122,17 +108,37 @@ class Actor:
                 await asyncio.wait_for(self.load.idle.wait(), 30)
             except asyncio.TimeoutError:
                 pass
-        engine = await sup.restart(why)
-        self.stats.engine_restarts = sup.restarts
+
+    async def _engine_up(self, engine) -> None:
+        self.stats.engine_restarts = self.supervisor.restarts
         self.sync.engine_restarted(WeightReceiver(engine, is_async=True))
         await self._request(0, [])  # hand back what the dead engine had in flight
         await self.sockets.work.send(self.sockets.hello(self.sync.version))
-        self._restarting = None
+
+    def _learner_restarted(self, epoch: str) -> None:
+        """A new learner process (resumed): drop what was the old one's (weights, weight group, unacked and
+        in-flight groups, prompts to hand back) and say hello, so the new one sends its state and weights."""
+        self.last_error = f"learner restarted (epoch {self.learner_epoch} -> {epoch}); rejoining"
+        log.warning(self.last_error)
+        self.sync.learner_restarted()
+        self.pipeline.era += 1
+        self.sockets.rollouts.forget_unacked()
+        self.returned.clear()
+        if self.inflight:
+            self.tasks.spawn(self.supervisor.engine.abort(list(self.inflight)), "abort-old-epoch")
+        self.tasks.spawn(self.sockets.work.send(self.sockets.hello(-1)), "rejoin-hello")
 
     def may_admit(self) -> bool:
         return not (self.paused or self.stopping.is_set()) and self.sync.may_admit()
 
+    def _check_epoch(self, epoch: str) -> None:
+        if self.learner_epoch and epoch != self.learner_epoch:
+            self._learner_restarted(epoch)
+        self.learner_epoch = epoch
+
     def apply_snapshot(self, snap: wire.Snapshot) -> None:
+        self._check_epoch(snap.epoch)
+        self.sockets.control.adopt(snap)
         self.paused = snap.paused
         self.sync.on_snapshot(snap.version)
         for name, path in snap.verifiers.items():
@@ -143,18 +149,17 @@ class Actor:
     def swap_verifier(self, name: str, path: str) -> bool:
         """Replace (or add) a verifier once it has loaded and passed its self-test; otherwise keep the old
         one and report why (log and heartbeat)."""
-        try:
-            v = self.verifiers.swap(name, path)
-        except VerifierLoadError as e:
-            self.last_error = f"swap {name} -> {path} rejected: {e}"
-            log.error(self.last_error)
-            return False
-        log.info("verifier %s is now %s (version %s)", name, path, v.version)
-        return True
+        error = self.verifiers.try_swap(name, path)
+        if error:
+            self.last_error = error
+            log.error(error)
+        return not error
 
     async def _control_loop(self) -> None:
         while True:
             msg = await self.sockets.control.recv()
+            if msg.kind != "sync_ack":
+                self._check_epoch(msg.epoch)
             if msg.kind == "version":
                 self.sync.on_version(int(msg.payload["version"]))
             elif msg.kind == "weights":
@@ -179,7 +184,7 @@ class Actor:
             try:
                 await self.sync.receive(target)
             except Exception as e:  # the learner's side failed or timed out: wait for a new rendezvous
-                self._engine_dead(e)
+                self.supervisor.check(e)
                 self.last_error = self.sync.error
                 log.error(self.last_error)
             else:
@@ -231,7 +236,7 @@ class Actor:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            if not self._engine_dead(e):  # a dead engine is being rebuilt; anything else is logged
+            if not self.supervisor.check(e):  # a dead engine is being rebuilt; anything else is logged
                 self.last_error = f"prompt {item.prompt_id}: {type(e).__name__}: {e}"
                 log.exception("group for prompt %d failed; handing the prompt back", item.prompt_id)
             self.returned.append(item.prompt_id)
@@ -241,8 +246,8 @@ class Actor:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            if self._restarting is None:
-                self._engine_dead()  # an engine that died while idle is noticed here
+            if not self.supervisor.rebuilding:
+                self.supervisor.check()  # an engine that died while idle is noticed here
             await self.sockets.rollouts.resend_stale()
             await self.sockets.work.send(wire.Heartbeat(
                 self.actor_id, self.sync.version, len(self.inflight), len(self.sockets.rollouts.unacked),

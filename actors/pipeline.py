@@ -2,7 +2,7 @@
 
 `GroupPipeline.run` returns False when the prompt must go back to the learner (aborted by a weight update
 or an engine restart) and True when the group was sent or dropped for good (a verifier failure under
-`verifiers.on_error = "drop"`, counted). Exceptions propagate: the actor decides whether the engine died.
+`verifiers.on_error = "drop"`, counted; or begun before a learner restart). Exceptions propagate: the actor decides whether the engine died.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ class GroupPipeline:
         self.cfg, self.actor_id = cfg, actor_id
         self.supervisor, self.sync, self.load = supervisor, sync, load
         self.pool, self.verifiers, self.stats = pool, verifiers, stats
+        self.era = 0
+        """Bumped when the learner restarts: a group begun before that is not sent (its prompt and its
+        weights version belong to the old learner)."""
 
     async def run(self, rid: str, item: wire.PromptItem, sender: RolloutSender) -> bool:
         from vllm.sampling_params import RequestOutputKind
@@ -34,7 +37,7 @@ class GroupPipeline:
         a = self.cfg.actor
         while not self.sync.has_weights():  # never generate while weights are being loaded (or before a
             await asyncio.sleep(0.01)  # rebuilt engine has the learner's weights)
-        version = self.sync.version  # no await between this check and begin(): atomic in asyncio
+        version, era = self.sync.version, self.era  # no await between this check and begin(): atomic
         t0 = time.monotonic()
         self.load.begin()
         final = None
@@ -52,6 +55,8 @@ class GroupPipeline:
         path = self.verifiers.path(item.verifier)
         scored = None if path is None else await self.pool.score(
             path, self.verifiers.get(item.verifier).version, [o.text for o in outs], item.reference)
+        if era != self.era:
+            return True  # the learner restarted meanwhile: nobody wants this group any more
         if scored is None or (self.cfg.verifiers.on_error == "drop" and verifier_failed(scored)):
             self.stats.errors.append(f"prompt {item.prompt_id}: verifier failure, group dropped")
             return True

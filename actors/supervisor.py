@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 log = logging.getLogger("brorl.actor")
 
@@ -21,11 +21,40 @@ class EngineBudgetExceeded(RuntimeError):
 
 
 class EngineSupervisor:
-    def __init__(self, make_engine: Callable[[], Any], max_restarts: int):
+    """`check(err)` after anything that failed (and now and then while idle): if the engine is dead, one
+    rebuild starts in the background — `on_down(why)` (the owner stops using the engine), a new engine,
+    `on_up(engine)` (the owner takes it up). `rebuilding` is True meanwhile."""
+
+    def __init__(self, make_engine: Callable[[], Any], max_restarts: int, spawn: Callable | None = None,
+                 on_down: Callable[[str], Awaitable[None]] | None = None,
+                 on_up: Callable[[Any], Awaitable[None]] | None = None):
         self._make = make_engine
         self.max_restarts = max_restarts
         self.restarts = 0
         self.engine: Any = None
+        self._spawn, self._on_down, self._on_up = spawn, on_down, on_up
+        self._rebuild: asyncio.Task | None = None
+
+    @property
+    def rebuilding(self) -> bool:
+        return self._rebuild is not None
+
+    def check(self, err: BaseException | None = None) -> bool:
+        """Is the engine dead? If so, and no rebuild is running, start one (it raises in its task once the
+        budget is spent, which stops the owner)."""
+        dead = self.is_dead(err)
+        if dead and self._rebuild is None:
+            why = f"{type(err).__name__}: {err}" if err is not None else "engine reported errored"
+            self._rebuild = self._spawn(self._rebuild_engine(why[:300]), "engine-restart")
+        return dead
+
+    async def _rebuild_engine(self, why: str) -> None:
+        msg = f"vLLM engine died ({why}); restarting it ({self.restarts + 1}/{self.max_restarts})"
+        log.error(msg)
+        await self._on_down(msg)
+        engine = await self.restart(why)
+        await self._on_up(engine)
+        self._rebuild = None
 
     def start(self) -> Any:
         self.engine = self._make()

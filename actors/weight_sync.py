@@ -4,7 +4,8 @@
         ^                                                             ^                                          │
         │                                                             └────────────(received, checksummed)───────┘
         └───(engine rebuilt: disk weights)── RESTARTING <──(engine died, from any state)
-    A failed receive leaves the engine's weights unknown: NO_WEIGHTS until the learner's next broadcast.
+    A failed receive leaves the engine's weights unknown: NO_WEIGHTS until the learner's next broadcast; so
+    does a restarted learner (its checkpoint's weights are not the ones the actor holds).
 
 `WeightSync` owns the version and checksum of the loaded weights, the learner's latest version, the
 weight group the actor is in (or joining), and the receive itself (through a `WeightReceiver`). It decides
@@ -105,7 +106,8 @@ class WeightSync:
         """Load the broadcast of `target` (the state is UPDATING meanwhile). Raises on failure, leaving the
         weights unknown (NO_WEIGHTS), unless the engine is being restarted (RESTARTING stays)."""
         if self.state is SyncState.RESTARTING:
-            raise RuntimeError("the engine is being restarted")
+            self.error = f"weight update to version {target} skipped: the engine is being restarted"
+            raise RuntimeError(self.error)
         self.state = SyncState.UPDATING
         if self._joining is not None:  # the version may arrive before our join call returned
             await asyncio.wait([self._joining])  # (never raises, even if a restart cancelled it)
@@ -148,6 +150,17 @@ class WeightSync:
         self.state, self.version = SyncState.RESTARTING, -1
         self._in_group = False
         self._engine_up.clear()
+        if self._joining is not None:
+            self._joining.cancel()
+            self._joining = None
+
+    def learner_restarted(self) -> None:
+        """A new learner process (resumed from a checkpoint): our weights and version belong to the old one,
+        and so does our weight group. No work until the new learner's broadcast."""
+        self.state, self.version, self.checksum = (
+            SyncState.RESTARTING if self.state is SyncState.RESTARTING else SyncState.NO_WEIGHTS), -1, ""
+        self.latest = 0
+        self._group, self._in_group = None, False
         if self._joining is not None:
             self._joining.cancel()
             self._joining = None

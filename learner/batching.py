@@ -294,6 +294,7 @@ class Membership:
         self.versions: dict[str, int] = {}
         self.actor_stats: dict[str, dict[str, float]] = {}
         self.incarnations: dict[str, str] = {}  # actor id -> the incarnation that said hello last
+        self._reminded: dict[str, float] = {}
 
     def hello(self, actor_id: str, incarnation: str) -> tuple[bool, str | None]:
         """Record a hello. Returns (left_group, retired): left_group is True if it comes from a member of
@@ -307,6 +308,19 @@ class Membership:
         if left:
             self.group = []
         return left, (old if old is not None and old != incarnation else None)
+
+    def said_hello(self, actor_id: str) -> bool:
+        """Has this actor said hello to this learner process? (An actor that worked for a learner before it
+        restarted has not, until it learns of the restart.)"""
+        return actor_id in self.incarnations
+
+    def may_remind(self, actor_id: str, every_s: float = 1.0) -> bool:
+        """Rate limit for telling an actor that has not said hello to do so: at most once per `every_s`."""
+        now = time.monotonic()
+        if now - self._reminded.get(actor_id, -math.inf) < every_s:
+            return False
+        self._reminded[actor_id] = now
+        return True
 
     def seen(self, actor_id: str) -> bool:
         """Record a sign of life; True if the actor was not alive a moment ago (a new member)."""

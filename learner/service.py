@@ -252,6 +252,11 @@ class LearnerService:
                     self.retire_incarnation(msg.actor_id, retired)
                 await self.sockets.answer_hello(ident, msg)
                 self.batcher.wake()  # a (re)joining actor may need the current weights
+            elif isinstance(msg, (wire.WorkRequest, wire.Heartbeat)) and not self.members.said_hello(msg.actor_id):
+                # an actor of an earlier learner process (we restarted): our snapshot tells it so, and it
+                # says hello before it gets work (a heartbeat or request of it counts for nothing until then)
+                if self.members.may_remind(msg.actor_id):
+                    await self.sockets.work.send(ident, self.sockets.control.snapshot())
             elif isinstance(msg, wire.WorkRequest):
                 if self.members.seen(msg.actor_id):
                     self.batcher.wake()
@@ -260,7 +265,8 @@ class LearnerService:
                                               step=self.version, actor_version=msg.version,
                                               settled=len(self.batcher.consumed_ids))
                 if items:
-                    self._record({"granted": [i.prompt_id for i in items], "actor": msg.actor_id})
+                    self._record({"granted": [i.prompt_id for i in items], "actor": msg.actor_id,
+                                  "incarnation": self.members.incarnations.get(msg.actor_id, "")})
                 await self.sockets.work.send(ident, wire.WorkAssignment(items))
             elif isinstance(msg, wire.Heartbeat):
                 if self.members.heartbeat(msg):
@@ -298,7 +304,9 @@ class LearnerService:
                 self._t_first = time.monotonic()
             acks = [g.group_id] + self.sockets.rollouts.take_duplicate_ids()
             await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(acks))
-            if not self.dispatcher.claim(g.prompt_id, g.actor_id):
+            if g.policy_version > self.version or not self.members.said_hello(g.actor_id):
+                self.batcher.count_unleased(g)  # generated for an earlier learner process (we restarted)
+            elif not self.dispatcher.claim(g.prompt_id, g.actor_id):
                 self.batcher.count_unleased(g)  # answered already, or granted to another actor meanwhile
             elif self.admission.admit(g, self.version):
                 self.batcher.add(g)
@@ -338,6 +346,7 @@ class LearnerService:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
+        self._record({"start": self.version, "epoch": self.sockets.control.epoch, **self.dispatcher.state()})
         tasks = [asyncio.create_task(self._work_task(), name="learner:dispatcher"),
                  asyncio.create_task(self._rollout_task(), name="learner:rollouts"),
                  asyncio.create_task(self._watchdog_task(), name="learner:watchdog"),
@@ -349,6 +358,7 @@ class LearnerService:
                     raise RuntimeError(f"task {t.get_name()} died") from t.exception()
             if self.stop.is_set():
                 await self.checkpoint_if_due(force=True)
+            self._record({"end": self.version, "pending": sorted(self.dispatcher.pending)})
             await self.sockets.control.publish("stop")
             return 0
         finally:

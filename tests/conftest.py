@@ -59,3 +59,15 @@ def vllm_engine(tiny_cfg):
     llm = LLM(**engine_kwargs(tiny_cfg.model, tiny_cfg.actor, seed=0))
     yield llm
     del llm
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tmp_path_factory) -> str:
+    """The tiny model after its supervised warm start (as `brorl run` builds it): groups carry signal."""
+    from config.loader import load_config
+    from tinymodel import build_tiny_model
+    from tinymodel.warm_start import warm_start
+
+    d = build_tiny_model(tmp_path_factory.mktemp("warm-model"), seed=0)
+    warm_start(load_config("tiny-cpu"), d, verbose=False)
+    return str(d)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-SCHEMA_VERSION = 3  # 2: Heartbeat.stats; 3: Hello.incarnation. A peer of another version is rejected, both named
+SCHEMA_VERSION = 3  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch. Another version is rejected, both named
 MAX_HEADER_BYTES = 1 << 20
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -140,6 +140,8 @@ class Snapshot:
     """Whether generation is paused."""
     weights: dict[str, Any] = field(default_factory=dict)
     """Payload of the latest "weights" rendezvous (empty if none): a joining actor named in it joins."""
+    epoch: str = ""
+    """Nonce of the learner process: a different one than before means the learner restarted."""
 
 
 @dataclass
@@ -150,6 +152,8 @@ class Control:
     """One of CONTROL_KINDS."""
     payload: dict[str, Any] = field(default_factory=dict)
     """Kind-specific: version {version}; swap {name, path}; sync_ack {token}; weights {rendezvous}."""
+    epoch: str = ""
+    """Nonce of the learner process that published it (seq counts per epoch)."""
 
 
 @dataclass
@@ -214,8 +218,8 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "assignment": {"items": (list,)},
     "ack": {"group_ids": (list,)},
     "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,),
-                 "weights": (dict,)},
-    "control": {"seq": (int,), "kind": (str,), "payload": (dict,)},
+                 "weights": (dict,), "epoch": (str,)},
+    "control": {"seq": (int,), "kind": (str,), "payload": (dict,), "epoch": (str,)},
     "admin": {"command": (str,), "args": (dict,)},
     "admin_reply": {"ok": (bool,), "message": (str,)},
 }

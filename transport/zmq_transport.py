@@ -241,13 +241,14 @@ class ControlPublisher:
             security.make_server(self.sock, sec.keys_dir)
         self.port = _bind(self.sock, ep.host, ep.control_port)
         self.seq = 0
+        self.epoch = uuid.uuid4().hex[:12]  # this learner process; seq counts within it
         self.version = 0
         self.verifiers: dict[str, str] = {}
         self.paused = False
         self.weights: dict[str, Any] = {}
 
     def snapshot(self) -> wire.Snapshot:
-        return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused, dict(self.weights))
+        return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused, dict(self.weights), self.epoch)
 
     async def publish(self, kind: str, **payload: Any) -> wire.Control:
         self.seq += 1
@@ -259,7 +260,7 @@ class ControlPublisher:
             self.paused = kind == "pause"
         elif kind == "weights":
             self.weights = dict(payload)
-        msg = wire.Control(self.seq, kind, payload)
+        msg = wire.Control(self.seq, kind, payload, self.epoch)
         await self.sock.send_multipart(wire.encode(msg))
         return msg
 
@@ -308,7 +309,7 @@ class ActorSockets:
                 except asyncio.TimeoutError:
                     break
                 if ctl.kind == "sync_ack" and ctl.payload.get("token") == token:
-                    self.control.last_seq = max(snap.control_seq, ctl.seq)
+                    self.control.adopt(snap)
                     return snap
         raise TimeoutError(f"actor {self.actor_id}: no control-channel barrier within {timeout_s} s")
 
@@ -382,6 +383,11 @@ class RolloutSender:
         if len(self.unacked) < self.max_unacked:
             self._room.set()
 
+    def forget_unacked(self) -> None:
+        """Give up every unacknowledged group (they were for a learner process that is gone)."""
+        self.unacked.clear()
+        self._room.set()
+
     async def resend_stale(self) -> int:
         """Re-send groups unacknowledged for `resend_after_s` (the receiver drops any duplicate)."""
         now, n = time.monotonic(), 0
@@ -396,7 +402,9 @@ class RolloutSender:
 
 class ControlSubscriber:
     """SUB, connected, subscribed to everything. RCVHWM `hwm`. Messages with seq <= the last applied
-    one (replays, or anything older than the start-up snapshot) are dropped."""
+    one (replays, or anything older than the start-up snapshot) are dropped — within one learner epoch. A
+    message of another epoch (the learner restarted; seq starts again) is passed on and starts counting
+    afresh; the caller sees the new `epoch` on it and resynchronises."""
 
     def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, hwm: int):
         self.sock = ctx.socket(zmq.SUB)
@@ -407,7 +415,13 @@ class ControlSubscriber:
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.sock.connect(ep.url(ep.control_port))
         self.last_seq = 0
+        self.epoch = ""  # the learner epoch of the last applied message (set by the start-up barrier)
         self.rejects = _Rejects("control SUB")
+
+    def adopt(self, snap: wire.Snapshot) -> None:
+        """A snapshot (through the work socket) is the control state up to its seq, of its epoch."""
+        self.last_seq = max(self.last_seq, snap.control_seq) if snap.epoch == self.epoch else snap.control_seq
+        self.epoch = snap.epoch
 
     async def recv(self, timeout_s: float | None = None) -> wire.Control:
         while True:
@@ -419,7 +433,11 @@ class ControlSubscriber:
             except wire.WireError as e:
                 self.rejects.add(e)
                 continue
-            if msg.kind == "sync_ack" or msg.seq > self.last_seq:
-                if msg.kind != "sync_ack":
-                    self.last_seq = msg.seq
+            if msg.kind == "sync_ack":
+                return msg
+            if msg.epoch != self.epoch:  # a new learner process: its seq starts again
+                self.epoch, self.last_seq = msg.epoch, msg.seq
+                return msg
+            if msg.seq > self.last_seq:
+                self.last_seq = msg.seq
                 return msg

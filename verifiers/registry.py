@@ -107,6 +107,15 @@ class Registry:
         self._paths[name] = path
         return v
 
+    def try_swap(self, name: str, path: str) -> str:
+        """`swap`, reporting instead of raising: "" on success, else why it was rejected (the previous
+        verifier stays)."""
+        try:
+            self.swap(name, path)
+        except VerifierLoadError as e:
+            return f"swap {name} -> {path} rejected: {e}"
+        return ""
+
     def score(self, name: str, completion: str, reference: str) -> tuple[VerifierResult, str]:
         """Score one completion; a verifier that raises yields reward 0 with the error as reason.
         Returns the result and the version that produced it."""

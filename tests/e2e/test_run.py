@@ -15,16 +15,6 @@ from cli.display import status_lines
 from learner.metrics import read
 
 
-@pytest.fixture(scope="module")
-def warm_model_dir(tmp_path_factory):
-    from tinymodel.warm_start import warm_start
-    from tinymodel import build_tiny_model
-
-    d = build_tiny_model(tmp_path_factory.mktemp("warm-model"), seed=0)
-    warm_start(load_config("tiny-cpu"), d, verbose=False)
-    return str(d)
-
-
 def _ledger(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
 

@@ -1,0 +1,216 @@
+"""Faults in a running job, with real processes (`brorl` roles, vLLM CPU engines, ZeroMQ, gloo), killed by
+pid: an actor killed with SIGKILL (one of two, or the only one), an actor stopped with SIGSTOP and
+continued, the learner killed with SIGKILL and resumed while its actors keep running, and SIGTERM to
+`brorl run`. Each checks from the ledger that no prompt was trained twice and that every granted prompt
+is accounted for (trained, dropped by dynamic sampling, or still pending at the end)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cli.launcher import Launcher
+from config.loader import load_config, to_toml
+from learner.metrics import read
+from tests.support.ledger import account, check
+from transport.weights import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+HEARTBEAT_S = 3.0
+
+
+def job(model_dir: str, run_dir: Path, steps: int, actors: int = 1, **over):
+    port = free_port()
+    return load_config("tiny-cpu", {
+        "model.path": model_dir, "run.run_dir": str(run_dir), "learner.steps": steps, "run.eval_interval": 0,
+        "learner.checkpoint_interval": 2, "learner.prompts_per_step": 4, "actor.n_samples": 8,
+        "actor.num_actors": actors, "transport.work_port": port, "transport.rollout_port": port + 1,
+        "transport.control_port": port + 2, "transport.heartbeat_timeout_s": HEARTBEAT_S,
+        "transport.weight_timeout_s": 30.0, **over})
+
+
+def wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.2):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(poll_s)
+    raise TimeoutError(what)
+
+
+def steps_done(run_dir: Path) -> int:
+    rows = read(run_dir / "metrics.jsonl")
+    return rows[-1]["step"] if rows else 0
+
+
+def max_gap_s(run_dir: Path) -> float:
+    t = [r["time"] for r in read(run_dir / "metrics.jsonl")]
+    return max(b - a for a, b in zip(t, t[1:]))
+
+
+def tree(pid: int) -> list[int]:
+    """The process and all its descendants."""
+    try:
+        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def run_launcher(cfg, during, timeout_s=600) -> Launcher:
+    """`brorl run`'s launcher without its evaluations: start, call `during(la)` from a thread-free poll
+    loop (it must return quickly), wait for the learner, stop."""
+    la = Launcher(cfg, quiet=True)
+    la.start()
+    try:
+        end = time.monotonic() + timeout_s
+        while la.procs["learner"].poll() is None:
+            assert time.monotonic() < end, "the job did not finish"
+            la._supervise_actors()
+            during(la)
+            time.sleep(0.2)
+        assert la.procs["learner"].returncode == 0, (ROOT / cfg.run.run_dir / "logs" / "learner.log")
+    finally:
+        la.stop()
+    return la
+
+
+def test_sigkill_of_one_of_two_actors_costs_seconds(warm_model_dir, tmp_path):
+    cfg = job(warm_model_dir, tmp_path, steps=12, actors=2)
+    state = {}
+
+    def during(la):
+        if "killed" not in state and steps_done(tmp_path) >= 4:
+            os.kill(la.procs["actor-1"].pid, signal.SIGKILL)
+            state["killed"] = steps_done(tmp_path)
+
+    la = run_launcher(cfg, during)
+    assert la.restarts == 1
+    acc = account(tmp_path)
+    check(acc, 12, per_step=4)
+    grants = [r for r in read(tmp_path / "ledger.jsonl") if r.get("actor") == "actor-1" and "granted" in r]
+    first = grants[0]["incarnation"]
+    new = {pid for r in grants if r["incarnation"] != first for pid in r["granted"]}
+    assert new, "the replacement got no work under a new incarnation"
+    assert new & set(acc.trained), "the replacement's groups were never trained"
+    # the survivor kept training: no stall beyond the heartbeat timeout and a few steps
+    assert max_gap_s(tmp_path) < HEARTBEAT_S + 20, max_gap_s(tmp_path)
+    assert not any("weight sync" in line and "failed" in line and "120" in line
+                   for line in (tmp_path / "logs" / "learner.log").read_text().splitlines())
+
+
+def test_sigkill_of_the_only_actor_training_resumes_with_the_replacement(warm_model_dir, tmp_path):
+    cfg = job(warm_model_dir, tmp_path, steps=8)
+    state = {}
+
+    def during(la):
+        if "killed" not in state and steps_done(tmp_path) >= 3:
+            os.kill(la.procs["actor-0"].pid, signal.SIGKILL)
+            state["killed"] = True
+
+    la = run_launcher(cfg, during)
+    assert la.restarts == 1
+    acc = account(tmp_path)
+    check(acc, 8, per_step=4)
+    restarted = [r for r in acc.returned if r["reason"] in ("restarted", "evicted")]
+    assert restarted, "the dead incarnation's prompts never went back to the queue"
+
+
+def test_sigstop_actor_is_evicted_and_rejoins_after_sigcont(warm_model_dir, tmp_path):
+    cfg = job(warm_model_dir, tmp_path, steps=14, actors=2)
+    state = {}
+
+    def during(la):
+        pid = la.procs["actor-1"].pid
+        if "stopped" not in state and steps_done(tmp_path) >= 3:
+            os.kill(pid, signal.SIGSTOP)
+            state["stopped"], state["at"] = time.monotonic(), steps_done(tmp_path)
+        elif "stopped" in state and "cont" not in state and steps_done(tmp_path) >= state["at"] + 4:
+            os.kill(pid, signal.SIGCONT)
+            state["cont"] = steps_done(tmp_path)
+
+    la = run_launcher(cfg, during)
+    assert "cont" in state, "training did not go on while the actor was stopped"
+    assert la.restarts == 0  # a stopped actor is not dead: the launcher restarts nothing
+    acc = account(tmp_path)
+    check(acc, 14, per_step=4)
+    log = (tmp_path / "logs" / "learner.log").read_text()
+    assert "actor-1 silent" in log and "evicted" in log
+    rows = read(tmp_path / "ledger.jsonl")
+    cont_row = next(i for i, r in enumerate(rows) if r.get("step") == state["cont"])
+    back = [r for r in rows[cont_row:] if r.get("actor") == "actor-1" and r.get("granted")]
+    assert back, "the continued actor never took work again"
+    assert len({r["incarnation"] for r in rows if r.get("actor") == "actor-1" and "granted" in r}) == 1
+
+
+def test_sigkill_of_the_learner_resumes_with_actors_left_running(warm_model_dir, tmp_path):
+    cfg = job(warm_model_dir, tmp_path, steps=10)
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(to_toml(cfg))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+    def start(role, *extra, log):
+        return subprocess.Popen([sys.executable, "-m", "cli", role, "--config", str(cfg_path), *extra], cwd=ROOT,
+                                env=env, stdout=open(tmp_path / log, "ab"), stderr=subprocess.STDOUT)
+
+    learner = start("learner", log="learner.log")
+    actor = start("actor", "--actor-id", "actor-0", log="actor.log")
+    try:
+        ckpt = tmp_path / "checkpoints" / "latest"
+        wait_for(lambda: ckpt.exists() and int(ckpt.read_text().split("-")[1]) >= 4, 400, "no checkpoint at step 4")
+        learner.send_signal(signal.SIGKILL)
+        learner.wait()
+        killed_at = steps_done(tmp_path)
+        resumed = start("learner", "--resume", log="learner-resumed.log")
+        assert resumed.wait(timeout=400) == 0, (tmp_path / "learner-resumed.log").read_text()[-3000:]
+        assert actor.poll() is None or actor.returncode == 0  # the same actor process served both learners
+        assert actor.wait(timeout=120) == 0  # and stopped when the resumed learner finished
+    finally:
+        for p in (learner, actor, locals().get("resumed")):
+            if p is not None and p.poll() is None:
+                p.kill()
+    acc = account(tmp_path)
+    assert len(acc.starts) == 2 and acc.starts[1] >= 4 and acc.starts[1] <= killed_at
+    check(acc, 10, per_step=4)
+    assert "learner restarted" in (tmp_path / "actor.log").read_text()
+    rows = read(tmp_path / "metrics.jsonl")
+    assert rows[-1]["step"] == 10 and rows[-1]["version"] == 10
+
+
+def test_sigterm_to_brorl_run_checkpoints_and_leaves_no_process(warm_model_dir, tmp_path):
+    cfg = job(warm_model_dir, tmp_path, steps=200, **{"learner.checkpoint_interval": 100})
+    cfg_path = tmp_path / "job.toml"
+    cfg_path.write_text(to_toml(cfg))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "cli", "run", "--config", str(cfg_path), "--no-eval"], cwd=ROOT,
+                           env=env, stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: steps_done(tmp_path) >= 3, 400, "no step 3")
+        pids = tree(run.pid)
+        assert len(pids) >= 4  # launcher, learner, actor, the actor's engine
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=300) == 143
+    finally:
+        if run.poll() is None:
+            run.kill()
+    latest = (tmp_path / "checkpoints" / "latest").read_text().strip()
+    assert int(latest.split("-")[1]) >= 3  # the learner wrote a checkpoint on its way out
+    wait_for(lambda: not alive(pids), 30, f"processes outlived brorl run: {alive(pids)}", poll_s=0.5)
+    check(account(tmp_path), steps_done(tmp_path))
