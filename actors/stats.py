@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -19,7 +20,8 @@ class ActorStats:
     finished) or gated by max_staleness while waiting for the next one."""
     update_s: float = 0.0
     engine_restarts: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: deque[str] = field(default_factory=lambda: deque(maxlen=100))
+    """The latest errors worth keeping (bounded: a long job with a flaky verifier must not grow without end)."""
 
     def heartbeat(self, idle_s: float) -> dict[str, float]:
         """The counters a heartbeat carries (`wire.Heartbeat.stats`)."""

@@ -150,6 +150,10 @@ class LearnerConfig(_Section):
     device: str = "cpu"
     """Torch device of the learner ("cpu", "cuda", "cuda:1")."""
 
+    no_progress_s: float = Field(60.0, gt=0.0)
+    """When no step has completed for this long, the learner logs why no batch is forming (and again
+    every as long), and counts it in the next step's `no_progress_warnings`."""
+
     max_nonfinite_steps: int = Field(3, ge=1)
     """A step whose every mini-batch had a non-finite loss or gradient norm changes nothing (skipped,
     counted in `step_skipped`); this many such steps in a row stop the job with the error, after a

@@ -39,18 +39,30 @@ log = logging.getLogger("brorl.learner")
 
 
 class TaskStream:
-    """Random access into the deterministic train-task stream (extended lazily)."""
+    """Random access into the deterministic train-task stream (extended lazily). Only tasks at or after
+    `forget_before`'s id are kept, so a long job holds the prompts still in play, not all it has seen."""
 
     def __init__(self, cfg: BrorlConfig, split: str = "train"):
         from verifiers.datasets import task_source
 
         self._it: Iterator = task_source(cfg.verifiers.task, cfg.run.seed, split, cfg.verifiers.difficulty)
-        self._cache: list = []
+        self._cache: dict[int, object] = {}
+        self._next = 0  # id of the next task the iterator yields
 
     def __getitem__(self, i: int):
-        while len(self._cache) <= i:
-            self._cache.append(next(self._it))
+        while self._next <= i:
+            self._cache[self._next] = next(self._it)
+            self._next += 1
+        if i not in self._cache:
+            raise KeyError(f"task {i} was forgotten (no longer in play)")
         return self._cache[i]
+
+    def forget_before(self, i: int) -> None:
+        for k in [k for k in self._cache if k < i]:
+            del self._cache[k]
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
 
 class Dispatcher:
@@ -136,6 +148,9 @@ class Dispatcher:
         for pid in consumed:
             self.pending.discard(pid)
             self.outstanding.pop(pid, None)
+        forget = getattr(self.tasks, "forget_before", None)
+        if forget is not None:
+            forget(min(self.pending, default=self.next_id))
 
     def state(self) -> dict:
         return {"next_id": self.next_id, "pending": sorted(self.pending)}
@@ -294,6 +309,7 @@ class Membership:
         self.versions: dict[str, int] = {}
         self.actor_stats: dict[str, dict[str, float]] = {}
         self.incarnations: dict[str, str] = {}  # actor id -> the incarnation that said hello last
+        self.last_error: dict[str, str] = {}
         self._reminded: dict[str, float] = {}
 
     def hello(self, actor_id: str, incarnation: str) -> tuple[bool, str | None]:
@@ -319,6 +335,10 @@ class Membership:
         now = time.monotonic()
         if now - self._reminded.get(actor_id, -math.inf) < every_s:
             return False
+        if len(self._reminded) >= 1024:  # forget old reminders: the table stays small whatever peers send
+            self._reminded = {a: t for a, t in self._reminded.items() if now - t < every_s}
+            if len(self._reminded) >= 1024:  # a flood of unknown ids: remind nobody new for now
+                return False
         self._reminded[actor_id] = now
         return True
 
@@ -328,6 +348,12 @@ class Membership:
         new = now - self.last_seen.get(actor_id, -math.inf) >= self.timeout_s
         self.last_seen[actor_id] = now
         return new
+
+    def expect(self, version: int, checksum: str, keep: int = 16) -> None:
+        """The checksum actors must report for `version` (only the last `keep` versions are kept)."""
+        self.expected[version] = checksum
+        for v in [v for v in self.expected if v <= version - keep]:
+            del self.expected[v]
 
     def heartbeat(self, hb: wire.Heartbeat) -> bool:
         """Record a heartbeat (weights checksum, counters, error); True if it comes from a new member."""
@@ -340,9 +366,10 @@ class Membership:
                 log.error("actor %s reports weights %s for version %d, expected %s", hb.actor_id, hb.checksum,
                           hb.version, self.expected[hb.version])
         self.versions[hb.actor_id] = hb.version
-        self.actor_stats[hb.actor_id] = dict(hb.stats)
-        if hb.error:
+        self.actor_stats[hb.actor_id] = {**hb.stats, "inflight": hb.inflight, "unacked": hb.unacked}
+        if hb.error and self.last_error.get(hb.actor_id) != hb.error:  # each new error once, not every second
             log.warning("actor %s: %s", hb.actor_id, hb.error)
+        self.last_error[hb.actor_id] = hb.error
         return new
 
     def alive(self) -> list[str]:
@@ -357,6 +384,7 @@ class Membership:
             del self.last_seen[a]
             self.versions.pop(a, None)
             self.actor_stats.pop(a, None)
+            self.last_error.pop(a, None)
         return gone
 
     def needs_sync(self, version: int) -> bool:

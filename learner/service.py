@@ -13,6 +13,7 @@ holds; the `Checkpointer` only writes and reads the files.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import signal
@@ -80,6 +81,7 @@ class LearnerService:
         self._eval_s = 0.0
         self.generated_total = 0  # samples generated since this process started (resume: counts afresh)
         self._bad_steps = 0  # consecutive steps skipped for non-finite values
+        self._no_progress = 0  # "no step for a while" warnings since the last step
 
     @staticmethod
     def endpoints_of(cfg: BrorlConfig) -> Endpoints:
@@ -144,8 +146,10 @@ class LearnerService:
         self.dispatcher.commit(trained + dropped)
         self._record({"step": self.version, "trained": trained, "dropped": dropped})
         self.generated_total += stats["generated"]
+        self._no_progress = 0
         actors = self.members.actor_stats.values()
         report.update({**stats, **self.admission.take_stats(), "version": self.version,
+                       "no_progress_warnings": float(self._no_progress),
                        # cumulative over the actors' current runs, from their heartbeats
                        "actor_idle_s": sum(a.get("idle_s", 0.0) for a in actors),
                        "actor_engine_restarts": sum(a.get("engine_restarts", 0) for a in actors)})
@@ -168,7 +172,7 @@ class LearnerService:
                 await self.broadcaster.open(info)
                 self.members.group = alive
             await self.sockets.control.publish("version", version=self.version)
-            self.members.expected[self.version] = await self.broadcaster.broadcast()
+            self.members.expect(self.version, await self.broadcaster.broadcast())
             self.members.synced_version = self.version
         except WeightSyncError as e:
             log.error("weight sync for version %d failed: %s; regrouping with live actors", self.version, e)
@@ -334,9 +338,45 @@ class LearnerService:
             self.batcher.wake()
 
     async def _watchdog_task(self) -> None:
+        """Evicts silent actors; and when no step has completed for `learner.no_progress_s`, says in the log
+        (and the next step's `no_progress_warnings`) why no batch is forming."""
+        last_step, since, warned = self.version, time.monotonic(), 0.0
         while True:
             await asyncio.sleep(min(1.0, self.members.timeout_s / 4))
             self.evict_silent()
+            now = time.monotonic()
+            if self.version != last_step:
+                last_step, since, warned = self.version, now, 0.0
+            elif now - since > self.cfg.learner.no_progress_s and now - warned > self.cfg.learner.no_progress_s:
+                warned = now
+                self._no_progress += 1
+                log.warning("no step for %.0f s (at step %d): %s", now - since, self.version, self.diagnose())
+
+    def diagnose(self) -> str:
+        """Why no batch is forming, as far as the learner can tell, and the state it judged by."""
+        d, b, m = self.dispatcher, self.batcher, self.members
+        alive = m.alive()
+        held = collections.Counter(d.outstanding.values())
+        in_play = len(d.pending) - len(d.requeue) - len(b.consumed_ids)
+        if not alive:
+            why = "no actor is alive (none heard from within transport.heartbeat_timeout_s)"
+        elif m.needs_sync(self.version):
+            why = f"the weights of version {self.version} have not reached every member yet"
+        elif all(m.versions.get(a, -1) < 0 for a in alive):
+            why = "every actor is without weights (waiting for a broadcast)"
+        elif in_play >= max(d.allowed_pending(self.version, self.version), 1) and not held:
+            why = "the freshness bound is full of prompts nobody holds"
+        elif held:
+            why = f"waiting for groups of the prompts actors hold ({dict(held)})"
+        else:
+            why = "actors are asking for work but none is granted"
+        return (f"{why}; kept {len(b.kept)} + gathered {len(b._gathered)} of B={b.B}, pending {len(d.pending)} "
+                f"(requeued {len(d.requeue)}, dropped-uncommitted {len(b.consumed_ids)}), next prompt {d.next_id}, "
+                f"alive {alive}, weight group {m.group}, synced version {m.synced_version}, actor versions "
+                f"{m.versions}, actors {{id: (inflight, unacked)}} "
+                f"{ {a: (s.get('inflight'), s.get('unacked')) for a, s in m.actor_stats.items()} }, since last "
+                f"step: received {b.stats['groups_received']} groups, dropped all-correct "
+                f"{b.stats['drop_all_correct']} all-wrong {b.stats['drop_all_wrong']} unleased {b.stats['drop_unleased']}")
 
     def _on_signal(self) -> None:
         self.stop.set()

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ import zmq.asyncio
 from transport import security, wire
 
 log = logging.getLogger("brorl.transport")
+MAX_SENDERS = 4096  # duplicate tables kept (one per actor process); the oldest unused one goes first
 
 
 @dataclass
@@ -179,7 +180,9 @@ class RolloutReceiver:
         self.rejects = _Rejects("rollout PULL")
         self.duplicates = 0
         self.dup_ids: list[str] = []
-        self._seen: dict[str, tuple[int, set[int]]] = defaultdict(lambda: (-1, set()))
+        # per "<actor_id>:<incarnation>": (highest contiguous seq, seqs seen above it); least recently used
+        # first, at most MAX_SENDERS (a retired incarnation is forgotten at once, see `forget`)
+        self._seen: OrderedDict[str, tuple[int, set[int]]] = OrderedDict()
 
     def is_duplicate(self, group_id: str) -> bool:
         """Record `group_id`; True if it was seen before."""
@@ -190,7 +193,10 @@ class RolloutReceiver:
             seq = None
         if seq is None or not actor:
             raise wire.WireError(f"group_id {group_id!r} is not '<actor>:<incarnation>:<seq>'")
-        floor, above = self._seen[actor]
+        floor, above = self._seen.pop(actor, (-1, set()))
+        self._seen[actor] = (floor, above)  # most recently used last
+        while len(self._seen) > MAX_SENDERS:
+            self._seen.popitem(last=False)
         if seq <= floor or seq in above:
             return True
         above.add(seq)

@@ -17,7 +17,7 @@ import pytest
 from cli.launcher import Launcher
 from config.loader import load_config, to_toml
 from learner.metrics import read
-from tests.support.ledger import account, check
+from learner.ledger import account, check
 from transport.weights import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def job(model_dir: str, run_dir: Path, steps: int, actors: int = 1, **over):
         "learner.checkpoint_interval": 2, "learner.prompts_per_step": 4, "actor.n_samples": 8,
         "actor.num_actors": actors, "transport.work_port": port, "transport.rollout_port": port + 1,
         "transport.control_port": port + 2, "transport.heartbeat_timeout_s": HEARTBEAT_S,
-        "transport.weight_timeout_s": 30.0, **over})
+        "transport.weight_timeout_s": 30.0, "learner.no_progress_s": 10.0, **over})
 
 
 def wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.2):

@@ -1,4 +1,5 @@
-"""Reading a run's ledger (`ledger.jsonl`, written by the learner) back into an account of every prompt.
+"""The audit trail of a run: reading `ledger.jsonl` (written by the learner service) back into an account
+of every prompt — what was granted to whom, trained, dropped, returned, and left pending.
 
 Rows: {"start": step, "epoch", "next_id", "pending"} when a learner process starts (a resume starts again at its checkpoint's
 step); {"granted": [...], "actor", "incarnation"}; {"returned": [...], "actor", "reason"};
@@ -8,6 +9,7 @@ from the checkpoint again, so only each process's steps up to the next one's sta
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,13 +63,25 @@ def account(run_dir: str | Path) -> Account:
     return acc
 
 
+class LedgerError(AssertionError):
+    """The ledger shows a prompt trained twice, a step missing, or a granted prompt unaccounted for."""
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise LedgerError(what)
+
+
 def check(acc: Account, steps: int, per_step: int | None = None) -> None:
-    """Every step once, no prompt trained twice, every granted prompt trained, dropped or still pending."""
-    assert acc.steps == list(range(1, steps + 1)), acc.steps
-    assert len(acc.trained) == len(set(acc.trained)), "a prompt was trained twice"
-    assert set(acc.trained) <= set(acc.granted), "a trained prompt was never granted"
-    assert not set(acc.dropped) & set(acc.trained)
+    """Every step once, no prompt trained twice, every granted prompt trained, dropped or still pending;
+    raises LedgerError naming what is wrong (tests and `bench/soak.py` use it)."""
+    _require(acc.steps == list(range(1, steps + 1)), f"steps trained: {acc.steps}, expected 1..{steps}")
+    dup = sorted(p for p, n in Counter(acc.trained).items() if n > 1)
+    _require(not dup, f"prompts trained twice: {dup}")
+    _require(set(acc.trained) <= set(acc.granted), "a trained prompt was never granted")
+    _require(not set(acc.dropped) & set(acc.trained), "a prompt was both dropped and trained")
     if per_step is not None:
-        assert len(acc.trained) == per_step * steps
+        _require(len(acc.trained) == per_step * steps, f"{len(acc.trained)} prompts trained, expected "
+                                                        f"{per_step} x {steps}")
     unaccounted = set(acc.granted) - acc.void - set(acc.trained) - set(acc.dropped) - set(acc.end_pending)
-    assert not unaccounted, f"granted but never trained, dropped or pending at the end: {sorted(unaccounted)}"
+    _require(not unaccounted, f"granted but never trained, dropped or pending at the end: {sorted(unaccounted)}")
