@@ -245,7 +245,7 @@ class Actor:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(self.cfg.transport.heartbeat_interval_s)
             if not self.supervisor.rebuilding:
                 self.supervisor.check()  # an engine that died while idle is noticed here
             await self.sockets.rollouts.resend_stale()

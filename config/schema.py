@@ -204,9 +204,14 @@ class TransportConfig(_Section):
     weight_timeout_s: float = Field(120.0, gt=0.0)
     """Seconds before a missing or dead weight receiver is reported as an error instead of a hang."""
 
-    heartbeat_timeout_s: float = Field(15.0, gt=0.0)
-    """Seconds of silence (no heartbeat, request or hello; actors heartbeat every second) after which an
-    actor is no longer a member: the next weight broadcast regroups without it."""
+    heartbeat_interval_s: float = Field(1.0, gt=0.0)
+    """Seconds between an actor's heartbeats (they carry its weights' version and checksum and counters)."""
+
+    heartbeat_timeout_s: float = Field(5.0, gt=0.0)
+    """Seconds of silence (no heartbeat, request or hello) after which an actor is evicted: it leaves the
+    weight group before the next broadcast, and the prompts it holds go back to the queue. After a weight
+    sync fails, members silent for 1.5 heartbeat intervals are evicted at once (a dead one is found in
+    seconds, not after the weight timeout)."""
 
 
 class VerifierConfig(_Section):
@@ -299,6 +304,11 @@ class BrorlConfig(_Section):
             raise ValueError(
                 f"transport.curve must be true for the non-loopback transport.host {tr.host!r} "
                 "(or set transport.allow_insecure_remote = true to waive it)"
+            )
+        if tr.heartbeat_timeout_s < 2 * tr.heartbeat_interval_s:
+            raise ValueError(
+                f"transport.heartbeat_timeout_s ({tr.heartbeat_timeout_s}) must be at least twice "
+                f"transport.heartbeat_interval_s ({tr.heartbeat_interval_s}): one late heartbeat must not evict"
             )
         if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
             raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")

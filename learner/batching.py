@@ -376,10 +376,11 @@ class Membership:
         now = time.monotonic()
         return sorted(a for a, t in self.last_seen.items() if now - t < self.timeout_s)
 
-    def drop_silent(self) -> list[str]:
-        """Forget actors silent for `timeout_s` or longer (they are no longer members); returns them."""
+    def drop_silent(self, within_s: float | None = None) -> list[str]:
+        """Forget actors silent for `timeout_s` (or `within_s`) or longer (no longer members); returns them."""
         now = time.monotonic()
-        gone = [a for a, t in self.last_seen.items() if now - t >= self.timeout_s]
+        limit = self.timeout_s if within_s is None else within_s
+        gone = [a for a, t in self.last_seen.items() if now - t >= limit]
         for a in gone:
             del self.last_seen[a]
             self.versions.pop(a, None)

@@ -177,7 +177,11 @@ class LearnerService:
         except WeightSyncError as e:
             log.error("weight sync for version %d failed: %s; regrouping with live actors", self.version, e)
             self.members.group = []
-            self.evict_silent()
+            # a member that died is why it failed: give the living two heartbeats to show themselves and
+            # evict the rest now, so the next rendezvous does not wait a whole weight timeout for the dead
+            beat = self.cfg.transport.heartbeat_interval_s
+            await asyncio.sleep(2 * beat)
+            self.evict_silent(within_s=1.5 * beat)
 
     async def checkpoint_if_due(self, force: bool = False) -> None:
         if force or self.version % self.cfg.learner.checkpoint_interval == 0:
@@ -327,14 +331,14 @@ class LearnerService:
         log.warning("actor %s restarted (incarnation %s retired); %d prompts it held go back to the queue",
                     actor, incarnation, len(back))
 
-    def evict_silent(self) -> None:
-        """Actors silent for `transport.heartbeat_timeout_s` leave the membership (the next broadcast
-        regroups without them) and the prompts they hold go back to the queue."""
-        for actor in self.members.drop_silent():
+    def evict_silent(self, within_s: float | None = None) -> None:
+        """Actors silent for `transport.heartbeat_timeout_s` (or `within_s`) leave the membership (the next
+        broadcast regroups without them) and the prompts they hold go back to the queue."""
+        for actor in self.members.drop_silent(within_s):
             back = self.dispatcher.retire(actor)
             self._record({"returned": back, "actor": actor, "reason": "evicted"})
-            log.warning("actor %s silent for %.0f s: evicted; %d prompts it held go back to the queue", actor,
-                        self.members.timeout_s, len(back))
+            log.warning("actor %s silent for %.1f s: evicted; %d prompts it held go back to the queue", actor,
+                        within_s or self.members.timeout_s, len(back))
             self.batcher.wake()
 
     async def _watchdog_task(self) -> None:

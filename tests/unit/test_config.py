@@ -102,3 +102,8 @@ def test_cli_config_show_and_error():
     bad = subprocess.run([sys.executable, "-m", "cli", "config", "show", "--learner.eps_high", "0.01"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "learner.eps_high" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_heartbeat_timeout_must_allow_a_late_heartbeat():
+    with pytest.raises(ConfigError, match="transport.heartbeat_timeout_s"):
+        load_config("tiny-cpu", {"transport.heartbeat_timeout_s": 1.5, "transport.heartbeat_interval_s": 1.0})
