@@ -310,6 +310,7 @@ class Membership:
         self.actor_stats: dict[str, dict[str, float]] = {}
         self.incarnations: dict[str, str] = {}  # actor id -> the incarnation that said hello last
         self.last_error: dict[str, str] = {}
+        self.suspects: set[str] = set()  # missed a roll call: not alive until heard from again
         self._reminded: dict[str, float] = {}
 
     def hello(self, actor_id: str, incarnation: str) -> tuple[bool, str | None]:
@@ -343,11 +344,30 @@ class Membership:
         return True
 
     def seen(self, actor_id: str) -> bool:
-        """Record a sign of life; True if the actor was not alive a moment ago (a new member)."""
+        """Record a sign of life; True if the actor was not alive a moment ago (a new member), or was a
+        suspect (it did not answer a roll call) and has now shown it lives."""
         now = time.monotonic()
-        new = now - self.last_seen.get(actor_id, -math.inf) >= self.timeout_s
+        new = now - self.last_seen.get(actor_id, -math.inf) >= self.timeout_s or actor_id in self.suspects
+        self.suspects.discard(actor_id)
         self.last_seen[actor_id] = now
         return new
+
+    async def roll_call(self, candidates: list[str], within_s: float) -> list[str]:
+        """Before a rendezvous, which candidates show a sign of life (a heartbeat: one every heartbeat
+        interval) within `within_s` from now? The rest become suspects — not alive — until they do: a rendezvous
+        that named an actor that died a moment ago would wait a whole weight timeout for it."""
+        t0 = time.monotonic()
+        while True:
+            answered = [a for a in candidates if self.last_seen.get(a, -math.inf) > t0]
+            if len(answered) == len(candidates) or time.monotonic() - t0 > within_s:
+                break
+            await asyncio.sleep(0.05)
+        missing = set(candidates) - set(answered)
+        if missing:
+            log.warning("no heartbeat from %s within %.1f s: left out of the weight group until they send one",
+                        sorted(missing), within_s)
+        self.suspects |= missing
+        return sorted(answered)
 
     def expect(self, version: int, checksum: str, keep: int = 16) -> None:
         """The checksum actors must report for `version` (only the last `keep` versions are kept)."""
@@ -374,7 +394,7 @@ class Membership:
 
     def alive(self) -> list[str]:
         now = time.monotonic()
-        return sorted(a for a, t in self.last_seen.items() if now - t < self.timeout_s)
+        return sorted(a for a, t in self.last_seen.items() if now - t < self.timeout_s and a not in self.suspects)
 
     def drop_silent(self, within_s: float | None = None) -> list[str]:
         """Forget actors silent for `timeout_s` (or `within_s`) or longer (no longer members); returns them."""
@@ -386,6 +406,7 @@ class Membership:
             self.versions.pop(a, None)
             self.actor_stats.pop(a, None)
             self.last_error.pop(a, None)
+            self.suspects.discard(a)
         return gone
 
     def needs_sync(self, version: int) -> bool:

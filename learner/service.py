@@ -160,7 +160,10 @@ class LearnerService:
         if not self.members.needs_sync(self.version):
             return
         alive = self.members.alive()
-        if not alive:
+        if alive and self.members.group != alive:  # a new group: only of actors that show they live
+            alive = await self.members.roll_call(alive, 2.5 * self.cfg.transport.heartbeat_interval_s)
+        if not alive:  # nobody to send to: the version is announced, the next member gets it on joining
+            self._drop_group()
             self.members.synced_version = self.version
             await self.sockets.control.publish("version", version=self.version)
             return
@@ -176,12 +179,18 @@ class LearnerService:
             self.members.synced_version = self.version
         except WeightSyncError as e:
             log.error("weight sync for version %d failed: %s; regrouping with live actors", self.version, e)
-            self.members.group = []
+            self._drop_group()
             # a member that died is why it failed: give the living two heartbeats to show themselves and
             # evict the rest now, so the next rendezvous does not wait a whole weight timeout for the dead
             beat = self.cfg.transport.heartbeat_interval_s
             await asyncio.sleep(2 * beat)
             self.evict_silent(within_s=1.5 * beat)
+
+    def _drop_group(self) -> None:
+        """No weight group any more: the next broadcast forms a new one, and no joining actor is handed the
+        old rendezvous (nobody listens on it)."""
+        self.members.group = []
+        self.sockets.control.weights = {}
 
     async def checkpoint_if_due(self, force: bool = False) -> None:
         if force or self.version % self.cfg.learner.checkpoint_interval == 0:
@@ -255,7 +264,7 @@ class LearnerService:
             if isinstance(msg, wire.Hello):
                 left_group, retired = self.members.hello(msg.actor_id, msg.incarnation)
                 if left_group:
-                    self.sockets.control.weights = {}  # stale: the next rendezvous forms a new group
+                    self._drop_group()  # stale for it: the next rendezvous forms a new group
                 if retired is not None:
                     self.retire_incarnation(msg.actor_id, retired)
                 await self.sockets.answer_hello(ident, msg)

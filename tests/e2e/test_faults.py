@@ -214,3 +214,24 @@ def test_sigterm_to_brorl_run_checkpoints_and_leaves_no_process(warm_model_dir, 
     assert int(latest.split("-")[1]) >= 3  # the learner wrote a checkpoint on its way out
     wait_for(lambda: not alive(pids), 30, f"processes outlived brorl run: {alive(pids)}", poll_s=0.5)
     check(account(tmp_path), steps_done(tmp_path))
+
+
+def test_sigkill_of_brorl_run_takes_its_children_with_it(warm_model_dir, tmp_path):
+    """The launcher itself killed with SIGKILL: the kernel sends each child SIGTERM (parent-death signal),
+    so the learner still checkpoints and nothing of the job survives."""
+    cfg = job(warm_model_dir, tmp_path, steps=200, **{"learner.checkpoint_interval": 100})
+    cfg_path = tmp_path / "job.toml"
+    cfg_path.write_text(to_toml(cfg))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "cli", "run", "--config", str(cfg_path), "--no-eval"], cwd=ROOT,
+                           env=env, stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: steps_done(tmp_path) >= 2, 400, "no step 2")
+        pids = tree(run.pid)[1:]
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    finally:
+        if run.poll() is None:
+            run.kill()
+    wait_for(lambda: not alive(pids), 150, f"processes outlived the killed launcher: {alive(pids)}", poll_s=0.5)
+    assert (tmp_path / "checkpoints" / "latest").exists()  # the learner stopped in order and checkpointed

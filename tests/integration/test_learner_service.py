@@ -200,3 +200,26 @@ async def test_nonfinite_steps_change_nothing_then_stop_the_job_with_a_checkpoin
     assert not svc.trainer.backend.optimizer.state  # AdamW never stepped: no moments were created
     saved = load_file(str(tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors"))
     assert all(torch.equal(saved[k], before[k]) for k in saved)
+
+
+async def test_the_only_actor_gone_the_learner_waits_quietly_for_the_next(tiny_model_dir, tmp_path):
+    """With no actor left the learner neither spins nor floods the control channel: it announces the
+    version once and waits; a new actor process then brings the job to its end."""
+    cfg = job(tiny_model_dir, tmp_path, steps=5)
+    ep = LearnerService.endpoints_of(cfg)
+    first, second = FakeActor(ep, "a0", n_samples=N, seed=1), FakeActor(ep, "a0", n_samples=N, seed=2)
+
+    async def die_then_come_back(svc):
+        await between_updates(first, svc, 2)
+        await first.kill()
+        while svc.members.alive():  # evicted after the heartbeat timeout
+            await asyncio.sleep(0.05)
+        seq = svc.sockets.control.seq
+        await asyncio.sleep(1.0)
+        assert svc.sockets.control.seq - seq <= 2, "the learner spins publishing to nobody"
+        await second.start()
+
+    await run_job(cfg, [first], during=die_then_come_back)
+    await second.kill()
+    check_accounting(tmp_path, 5)
+    assert second.received_versions and second.received_versions[-1] == 5
