@@ -219,6 +219,7 @@ class Batcher:
         self.kept: list[wire.RolloutGroup] = []
         self._gathered: list[wire.RolloutGroup] = []  # admitted for the batch being assembled
         self._changed = asyncio.Event()
+        self.waiting = False  # inside next_batch, waiting for groups
         self._reset()
 
     def wake(self) -> None:
@@ -235,8 +236,14 @@ class Batcher:
             if len(self._gathered) == self.B:
                 groups, self._gathered = self._gathered, []
                 return Batch(groups, self.take_stats())
+            if self.kept:  # what was popped was too stale: look at the rest before waiting for more
+                continue
             self._changed.clear()
-            await self._changed.wait()
+            self.waiting = True
+            try:
+                await self._changed.wait()
+            finally:
+                self.waiting = False
         return None
 
     def _reset(self) -> None:

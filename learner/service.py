@@ -371,7 +371,9 @@ class LearnerService:
         alive = m.alive()
         held = collections.Counter(d.outstanding.values())
         in_play = len(d.pending) - len(d.requeue) - len(b.consumed_ids)
-        if not alive:
+        if not b.waiting:
+            why = "the learner is not waiting for data: it is in a weight sync, a training step or a checkpoint"
+        elif not alive:
             why = "no actor is alive (none heard from within transport.heartbeat_timeout_s)"
         elif m.needs_sync(self.version):
             why = f"the weights of version {self.version} have not reached every member yet"

@@ -50,6 +50,11 @@ def steps_done(run_dir: Path) -> int:
     return rows[-1]["step"] if rows else 0
 
 
+def working(run_dir: Path, actor: str) -> bool:
+    """Has `actor` been granted work yet (its engine is up and it takes part)?"""
+    return any(r.get("actor") == actor and r.get("granted") for r in read(run_dir / "ledger.jsonl"))
+
+
 def max_gap_s(run_dir: Path) -> float:
     t = [r["time"] for r in read(run_dir / "metrics.jsonl")]
     return max(b - a for a, b in zip(t, t[1:]))
@@ -93,18 +98,18 @@ def run_launcher(cfg, during, timeout_s=600) -> Launcher:
 
 
 def test_sigkill_of_one_of_two_actors_costs_seconds(warm_model_dir, tmp_path):
-    cfg = job(warm_model_dir, tmp_path, steps=12, actors=2)
+    cfg = job(warm_model_dir, tmp_path, steps=40, actors=2)
     state = {}
 
     def during(la):
-        if "killed" not in state and steps_done(tmp_path) >= 4:
+        if "killed" not in state and steps_done(tmp_path) >= 4 and working(tmp_path, "actor-1"):
             os.kill(la.procs["actor-1"].pid, signal.SIGKILL)
             state["killed"] = steps_done(tmp_path)
 
     la = run_launcher(cfg, during)
     assert la.restarts == 1
     acc = account(tmp_path)
-    check(acc, 12, per_step=4)
+    check(acc, 40, per_step=4)
     grants = [r for r in read(tmp_path / "ledger.jsonl") if r.get("actor") == "actor-1" and "granted" in r]
     first = grants[0]["incarnation"]
     new = {pid for r in grants if r["incarnation"] != first for pid in r["granted"]}
@@ -134,15 +139,15 @@ def test_sigkill_of_the_only_actor_training_resumes_with_the_replacement(warm_mo
 
 
 def test_sigstop_actor_is_evicted_and_rejoins_after_sigcont(warm_model_dir, tmp_path):
-    cfg = job(warm_model_dir, tmp_path, steps=14, actors=2)
+    cfg = job(warm_model_dir, tmp_path, steps=40, actors=2)
     state = {}
 
     def during(la):
         pid = la.procs["actor-1"].pid
-        if "stopped" not in state and steps_done(tmp_path) >= 3:
+        if "stopped" not in state and steps_done(tmp_path) >= 3 and working(tmp_path, "actor-1"):
             os.kill(pid, signal.SIGSTOP)
             state["stopped"], state["at"] = time.monotonic(), steps_done(tmp_path)
-        elif "stopped" in state and "cont" not in state and steps_done(tmp_path) >= state["at"] + 4:
+        elif "stopped" in state and "cont" not in state and steps_done(tmp_path) >= state["at"] + 6:
             os.kill(pid, signal.SIGCONT)
             state["cont"] = steps_done(tmp_path)
 
@@ -150,7 +155,7 @@ def test_sigstop_actor_is_evicted_and_rejoins_after_sigcont(warm_model_dir, tmp_
     assert "cont" in state, "training did not go on while the actor was stopped"
     assert la.restarts == 0  # a stopped actor is not dead: the launcher restarts nothing
     acc = account(tmp_path)
-    check(acc, 14, per_step=4)
+    check(acc, 40, per_step=4)
     log = (tmp_path / "logs" / "learner.log").read_text()
     assert "actor-1 silent" in log and "evicted" in log
     rows = read(tmp_path / "ledger.jsonl")

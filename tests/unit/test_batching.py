@@ -87,3 +87,20 @@ def test_a_group_is_used_only_from_the_actor_holding_its_prompt():
     assert d.claim(b[1], "b")  # ...a late group from b for a prompt still in the queue is still good,
     assert [i.prompt_id for i in d.grant("c", 1, 100, step=0, actor_version=0)] == [b[0]]  # the rest re-granted
     assert not d.claim(b[0], "b") and d.claim(b[0], "c")  # and only the new holder's group counts
+
+
+async def test_batcher_looks_past_stale_groups_without_waiting_for_new_ones():
+    """Kept groups that turn out too stale at batch time are skipped for the fresh ones behind them at
+    once — not after the next arrival (which, with the freshness bound full, might never come)."""
+    import asyncio
+
+    from learner.batching import Batcher
+
+    back = []
+    b = Batcher(2, admission=Admission(max_staleness=1), give_back=back.extend)
+    groups = [make_group(f"a:{i}", n=4, version=0 if i < 2 else 5, seed=i) for i in range(4)]
+    for g in groups:
+        g.correct[:] = [1, 0, 1, 0]
+        b.add(g)
+    batch = await asyncio.wait_for(b.next_batch(step=5, interrupted=lambda: False), 1.0)
+    assert [g.group_id for g in batch.groups] == ["a:2", "a:3"] and sorted(back) == [0, 1]
