@@ -318,6 +318,8 @@ class Membership:
         self.incarnations: dict[str, str] = {}  # actor id -> the incarnation that said hello last
         self.last_error: dict[str, str] = {}
         self.suspects: set[str] = set()  # missed a roll call: not alive until heard from again
+        self.bad_weights: dict[str, int] = {}  # actor -> version whose weights it reported with a wrong checksum
+        self.resync = False
         self._reminded: dict[str, float] = {}
 
     def hello(self, actor_id: str, incarnation: str) -> tuple[bool, str | None]:
@@ -385,13 +387,18 @@ class Membership:
     def heartbeat(self, hb: wire.Heartbeat) -> bool:
         """Record a heartbeat (weights checksum, counters, error); True if it comes from a new member."""
         new = self.seen(hb.actor_id)
-        if self.versions.get(hb.actor_id) != hb.version and hb.checksum and hb.version in self.expected:
+        if hb.checksum and hb.version in self.expected:
             if hb.checksum == self.expected[hb.version]:
-                self.checksum_ok += 1
-            else:
+                if self.versions.get(hb.actor_id) != hb.version or hb.actor_id in self.bad_weights:
+                    self.checksum_ok += 1
+                self.bad_weights.pop(hb.actor_id, None)
+            elif self.bad_weights.get(hb.actor_id) != hb.version:
                 self.checksum_mismatch += 1
-                log.error("actor %s reports weights %s for version %d, expected %s", hb.actor_id, hb.checksum,
-                          hb.version, self.expected[hb.version])
+                self.bad_weights[hb.actor_id] = hb.version
+                self.resync = True  # the owner regroups: the next broadcast sends everyone the weights again
+                log.error("actor %s reports weights %s for version %d, expected %s: its groups are refused until "
+                          "it holds the right weights; re-broadcasting", hb.actor_id, hb.checksum, hb.version,
+                          self.expected[hb.version])
         self.versions[hb.actor_id] = hb.version
         self.actor_stats[hb.actor_id] = {**hb.stats, "inflight": hb.inflight, "unacked": hb.unacked}
         if hb.error and self.last_error.get(hb.actor_id) != hb.error:  # each new error once, not every second
@@ -414,6 +421,7 @@ class Membership:
             self.actor_stats.pop(a, None)
             self.last_error.pop(a, None)
             self.suspects.discard(a)
+            self.bad_weights.pop(a, None)
         return gone
 
     def needs_sync(self, version: int) -> bool:

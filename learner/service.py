@@ -286,8 +286,12 @@ class LearnerService:
                                   "incarnation": self.members.incarnations.get(msg.actor_id, "")})
                 await self.sockets.work.send(ident, wire.WorkAssignment(items))
             elif isinstance(msg, wire.Heartbeat):
-                if self.members.heartbeat(msg):
-                    self.batcher.wake()
+                new = self.members.heartbeat(msg)
+                if self.members.resync:  # an actor holds weights that failed their checksum
+                    self.members.resync = False
+                    self._drop_group()
+                if new or not self.members.group:
+                    self.batcher.wake()  # a new member, or a regroup: broadcast first
             elif isinstance(msg, wire.Admin):
                 await self.sockets.work.send(ident, await self.admin(msg))
 
@@ -323,6 +327,10 @@ class LearnerService:
             await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(acks))
             if g.policy_version > self.version or not self.members.said_hello(g.actor_id):
                 self.batcher.count_unleased(g)  # generated for an earlier learner process (we restarted)
+                self.dispatcher.give_back([g.prompt_id], g.actor_id)
+            elif g.actor_id in self.members.bad_weights:
+                self.batcher.count_unleased(g)  # made with weights that failed their checksum
+                self.dispatcher.give_back([g.prompt_id], g.actor_id)
             elif not self.dispatcher.claim(g.prompt_id, g.actor_id):
                 self.batcher.count_unleased(g)  # answered already, or granted to another actor meanwhile
             elif self.admission.admit(g, self.version):

@@ -79,26 +79,32 @@ def alive(pids) -> list[int]:
     return out
 
 
-def run_launcher(cfg, during, timeout_s=600) -> Launcher:
-    """`brorl run`'s launcher without its evaluations: start, call `during(la)` from a thread-free poll
-    loop (it must return quickly), wait for the learner, stop."""
+def run_launcher(cfg, during, done=lambda la: False, timeout_s=600) -> Launcher:
+    """`brorl run`'s launcher without its evaluations: start, call `during(la)` from a poll loop (it must
+    return quickly) until the learner finishes or `done(la)`, then stop the job in order (SIGTERM)."""
     la = Launcher(cfg, quiet=True)
     la.start()
     try:
         end = time.monotonic() + timeout_s
-        while la.procs["learner"].poll() is None:
+        while la.procs["learner"].poll() is None and not done(la):
             assert time.monotonic() < end, "the job did not finish"
             la._supervise_actors()
             during(la)
             time.sleep(0.2)
-        assert la.procs["learner"].returncode == 0, (ROOT / cfg.run.run_dir / "logs" / "learner.log")
     finally:
         la.stop()
+    assert la.procs["learner"].returncode == 0, (Path(cfg.run.run_dir) / "logs" / "learner.log").read_text()[-3000:]
     return la
 
 
+def granted_to(run_dir: Path, actor: str) -> list[dict]:
+    return [r for r in read(run_dir / "ledger.jsonl") if r.get("actor") == actor and r.get("granted")]
+
+
 def test_sigkill_of_one_of_two_actors_costs_seconds(warm_model_dir, tmp_path):
-    cfg = job(warm_model_dir, tmp_path, steps=40, actors=2)
+    """Both actors working, one is SIGKILLed: the other trains on with no stall beyond the heartbeat timeout
+    and a few steps; the launcher restarts the dead one, whose new incarnation's groups are trained."""
+    cfg = job(warm_model_dir, tmp_path, steps=100_000, actors=2)
     state = {}
 
     def during(la):
@@ -106,19 +112,24 @@ def test_sigkill_of_one_of_two_actors_costs_seconds(warm_model_dir, tmp_path):
             os.kill(la.procs["actor-1"].pid, signal.SIGKILL)
             state["killed"] = steps_done(tmp_path)
 
-    la = run_launcher(cfg, during)
+    def done(la):  # the replacement has worked and a few more steps were trained
+        grants = granted_to(tmp_path, "actor-1")
+        incs = {r["incarnation"] for r in grants}
+        if len(incs) > 1 and "second" not in state:
+            state["second"] = steps_done(tmp_path)
+        return "second" in state and steps_done(tmp_path) >= state["second"] + 8
+
+    la = run_launcher(cfg, during, done)
     assert la.restarts == 1
     acc = account(tmp_path)
-    check(acc, 40, per_step=4)
-    grants = [r for r in read(tmp_path / "ledger.jsonl") if r.get("actor") == "actor-1" and "granted" in r]
+    check(acc, steps_done(tmp_path))
+    grants = granted_to(tmp_path, "actor-1")
     first = grants[0]["incarnation"]
     new = {pid for r in grants if r["incarnation"] != first for pid in r["granted"]}
     assert new, "the replacement got no work under a new incarnation"
     assert new & set(acc.trained), "the replacement's groups were never trained"
     # the survivor kept training: no stall beyond the heartbeat timeout and a few steps
     assert max_gap_s(tmp_path) < HEARTBEAT_S + 20, max_gap_s(tmp_path)
-    assert not any("weight sync" in line and "failed" in line and "120" in line
-                   for line in (tmp_path / "logs" / "learner.log").read_text().splitlines())
 
 
 def test_sigkill_of_the_only_actor_training_resumes_with_the_replacement(warm_model_dir, tmp_path):
@@ -139,7 +150,7 @@ def test_sigkill_of_the_only_actor_training_resumes_with_the_replacement(warm_mo
 
 
 def test_sigstop_actor_is_evicted_and_rejoins_after_sigcont(warm_model_dir, tmp_path):
-    cfg = job(warm_model_dir, tmp_path, steps=40, actors=2)
+    cfg = job(warm_model_dir, tmp_path, steps=100_000, actors=2)
     state = {}
 
     def during(la):
@@ -150,19 +161,20 @@ def test_sigstop_actor_is_evicted_and_rejoins_after_sigcont(warm_model_dir, tmp_
         elif "stopped" in state and "cont" not in state and steps_done(tmp_path) >= state["at"] + 6:
             os.kill(pid, signal.SIGCONT)
             state["cont"] = steps_done(tmp_path)
+            state["grants_before"] = len(granted_to(tmp_path, "actor-1"))
 
-    la = run_launcher(cfg, during)
-    assert "cont" in state, "training did not go on while the actor was stopped"
+    def done(la):  # it took work again after SIGCONT, and a few more steps were trained
+        if "cont" in state and "back" not in state and len(granted_to(tmp_path, "actor-1")) > state["grants_before"]:
+            state["back"] = steps_done(tmp_path)
+        return "back" in state and steps_done(tmp_path) >= state["back"] + 5
+
+    la = run_launcher(cfg, during, done)
     assert la.restarts == 0  # a stopped actor is not dead: the launcher restarts nothing
     acc = account(tmp_path)
-    check(acc, 40, per_step=4)
+    check(acc, steps_done(tmp_path))
     log = (tmp_path / "logs" / "learner.log").read_text()
     assert "actor-1 silent" in log and "evicted" in log
-    rows = read(tmp_path / "ledger.jsonl")
-    cont_row = next(i for i, r in enumerate(rows) if r.get("step") == state["cont"])
-    back = [r for r in rows[cont_row:] if r.get("actor") == "actor-1" and r.get("granted")]
-    assert back, "the continued actor never took work again"
-    assert len({r["incarnation"] for r in rows if r.get("actor") == "actor-1" and "granted" in r}) == 1
+    assert len({r["incarnation"] for r in granted_to(tmp_path, "actor-1")}) == 1  # the same process came back
 
 
 def test_sigkill_of_the_learner_resumes_with_actors_left_running(warm_model_dir, tmp_path):

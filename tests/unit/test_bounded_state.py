@@ -64,3 +64,17 @@ def test_duplicate_tables_kept_for_recent_senders_only():
         rx.sock.close(linger=0)
     finally:
         ctx.term()
+
+
+def test_wrong_weights_checksum_refuses_the_actor_until_it_reports_the_right_one():
+    from transport import wire
+
+    m = Membership(timeout_s=5)
+    m.expect(4, "good")
+    m.heartbeat(wire.Heartbeat("a0", 4, 0, 0, "garbled"))
+    assert m.bad_weights == {"a0": 4} and m.resync and m.checksum_mismatch == 1
+    m.resync = False
+    m.heartbeat(wire.Heartbeat("a0", 4, 0, 0, "garbled"))  # the same report again: one incident, not two
+    assert m.checksum_mismatch == 1 and not m.resync
+    m.heartbeat(wire.Heartbeat("a0", 4, 0, 0, "good"))  # re-broadcast received
+    assert m.bad_weights == {} and m.checksum_ok == 1
