@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,10 +92,12 @@ class Launcher:
         return p
 
     def _rotate(self, name: str) -> None:
+        """copy-truncate: the child appends (O_APPEND) to the same file, which starts again from empty; the
+        previous contents go to `<role>.log.1` (the lines written between copy and truncate are lost)."""
         path = self.logs / f"{name}.log"
         if path.exists() and path.stat().st_size > self.cfg.run.log_max_mb * 2**20:
-            os.replace(path, path.with_suffix(".log.1"))  # the running child keeps writing to the old file
-            # until it is restarted; a fresh file is opened for the next start
+            shutil.copyfile(path, path.with_suffix(".log.1"))
+            os.truncate(path, 0)
 
     def _actor_args(self, name: str) -> list[str]:
         return ["actor", "--config", str(self.run_dir / "config.toml"), "--actor-id", name]

@@ -78,3 +78,18 @@ def test_wrong_weights_checksum_refuses_the_actor_until_it_reports_the_right_one
     assert m.checksum_mismatch == 1 and not m.resync
     m.heartbeat(wire.Heartbeat("a0", 4, 0, 0, "good"))  # re-broadcast received
     assert m.bad_weights == {} and m.checksum_ok == 1
+
+
+def test_role_logs_rotate_while_the_child_keeps_writing(tmp_path):
+    """copy-truncate: a child appending to its log keeps writing into the same, emptied file."""
+    from cli.launcher import Launcher
+
+    cfg = load_config("tiny-cpu", {"run.run_dir": str(tmp_path), "run.log_max_mb": 0.001})
+    la = Launcher(cfg, quiet=True)
+    la.logs.mkdir(parents=True)
+    with open(la.logs / "actor-0.log", "ab", buffering=0) as child:
+        child.write(b"x" * 5000)
+        la._rotate("actor-0")
+        child.write(b"after\n")
+    assert (la.logs / "actor-0.log.1").stat().st_size == 5000
+    assert (la.logs / "actor-0.log").read_bytes() == b"after\n"
