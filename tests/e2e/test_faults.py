@@ -216,13 +216,18 @@ def test_sigkill_of_the_learner_resumes_with_actors_left_running(warm_model_dir,
     assert rows[-1]["step"] == 10 and rows[-1]["version"] == 10
 
 
-def test_sigterm_to_brorl_run_checkpoints_and_leaves_no_process(warm_model_dir, tmp_path):
-    cfg = job(warm_model_dir, tmp_path, steps=200, **{"learner.checkpoint_interval": 100})
+def start_brorl_run(model_dir: str, tmp_path: Path) -> subprocess.Popen:
+    """`brorl run --no-eval` as a process, on a long job that checkpoints only when stopped (and at 100)."""
+    cfg = job(model_dir, tmp_path, steps=200, **{"learner.checkpoint_interval": 100})
     cfg_path = tmp_path / "job.toml"
     cfg_path.write_text(to_toml(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    run = subprocess.Popen([sys.executable, "-m", "cli", "run", "--config", str(cfg_path), "--no-eval"], cwd=ROOT,
-                           env=env, stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "cli", "run", "--config", str(cfg_path), "--no-eval"],
+                            cwd=ROOT, env=env, stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)
+
+
+def test_sigterm_to_brorl_run_checkpoints_and_leaves_no_process(warm_model_dir, tmp_path):
+    run = start_brorl_run(warm_model_dir, tmp_path)
     try:
         wait_for(lambda: steps_done(tmp_path) >= 3, 400, "no step 3")
         pids = tree(run.pid)
@@ -241,12 +246,7 @@ def test_sigterm_to_brorl_run_checkpoints_and_leaves_no_process(warm_model_dir, 
 def test_sigkill_of_brorl_run_takes_its_children_with_it(warm_model_dir, tmp_path):
     """The launcher itself killed with SIGKILL: the kernel sends each child SIGTERM (parent-death signal),
     so the learner still checkpoints and nothing of the job survives."""
-    cfg = job(warm_model_dir, tmp_path, steps=200, **{"learner.checkpoint_interval": 100})
-    cfg_path = tmp_path / "job.toml"
-    cfg_path.write_text(to_toml(cfg))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    run = subprocess.Popen([sys.executable, "-m", "cli", "run", "--config", str(cfg_path), "--no-eval"], cwd=ROOT,
-                           env=env, stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)
+    run = start_brorl_run(warm_model_dir, tmp_path)
     try:
         wait_for(lambda: steps_done(tmp_path) >= 2, 400, "no step 2")
         pids = tree(run.pid)[1:]
