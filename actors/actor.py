@@ -26,12 +26,12 @@ from actors.scoring import ScoringPool
 from actors.stats import ActorStats, EngineLoad
 from actors.supervisor import EngineSupervisor
 from actors.tasks import TaskSet
+from actors.verifier_set import ActorVerifiers
 from actors.weight_sync import WeightSync
 from config.schema import BrorlConfig
 from transport import wire
 from transport.weights import WeightReceiver
 from transport.zmq_transport import ActorSockets, Endpoints, Security
-from verifiers.registry import Registry
 
 log = logging.getLogger("brorl.actor")
 
@@ -46,7 +46,8 @@ class Actor:
         self.stopping = asyncio.Event()
         self.stats = ActorStats()
         self.load = EngineLoad()
-        self.verifiers = Registry()
+        self.checked = ActorVerifiers(cfg)
+        self.verifiers = self.checked.registry
         self.last_error = ""
         self.inflight: dict[str, wire.PromptItem] = {}  # request id -> prompt
         self.returned: list[int] = []  # prompt ids to hand back with the next request
@@ -60,6 +61,7 @@ class Actor:
 
     async def run(self) -> int:
         offline_env()
+        await self.checked.self_test()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
@@ -71,7 +73,7 @@ class Actor:
         self.sockets = ActorSockets(self.endpoints, self.actor_id, Security(t.curve, t.keys_dir),
                                     t.high_water_mark, max_unacked=64, resend_after_s=10.0)
         try:
-            self.apply_snapshot(await self.sockets.sync(self.sync.version, timeout_s=120))
+            await asyncio.gather(*self.apply_snapshot(await self.sockets.sync(self.sync.version, timeout_s=120)))
             self.load.start_clock()  # the idle clock starts with the job
             for name in ("inbox", "control", "work", "weights", "heartbeat"):
                 self.tasks.spawn(getattr(self, f"_{name}_loop")(), name)
@@ -136,24 +138,28 @@ class Actor:
             self._learner_restarted(epoch)
         self.learner_epoch = epoch
 
-    def apply_snapshot(self, snap: wire.Snapshot) -> None:
+    def apply_snapshot(self, snap: wire.Snapshot) -> list[asyncio.Task]:
+        """Adopt the learner's control state; returns the verifier swaps it started (tasks)."""
         self._check_epoch(snap.epoch)
         self.sockets.control.adopt(snap)
         self.paused = snap.paused
         self.sync.on_snapshot(snap.version)
-        for name, path in snap.verifiers.items():
-            self.swap_verifier(name, path)
+        swaps = [self.tasks.spawn(self.swap_verifier(name, path), f"swap-{name}")
+                 for name, path in snap.verifiers.items() if self.verifiers.path(name) != path]
         if snap.weights:  # a rendezvous published while we were joining: it may be waiting for us
             self.sync.on_rendezvous(snap.weights)
+        return swaps
 
-    def swap_verifier(self, name: str, path: str) -> bool:
-        """Replace (or add) a verifier once it has loaded and passed its self-test; otherwise keep the old
-        one and report why (log and heartbeat)."""
-        error = self.verifiers.try_swap(name, path)
-        if error:
-            self.last_error = error
-            log.error(error)
-        return not error
+    async def swap_verifier(self, name: str, path: str) -> bool:
+        """Replace (or add) a verifier (`ActorVerifiers.swap`), or keep the old one and say why (log, heartbeat)."""
+        error = await self.checked.swap(name, path)
+        return not (error and self._error(error))
+
+    def _error(self, text: str) -> str:
+        """An error worth the log and the learner's (the next heartbeat carries it)."""
+        self.last_error = text
+        log.error(text)
+        return text
 
     async def _control_loop(self) -> None:
         while True:
@@ -165,7 +171,7 @@ class Actor:
             elif msg.kind == "weights":
                 self.sync.on_rendezvous(msg.payload)
             elif msg.kind == "swap":
-                self.swap_verifier(msg.payload["name"], msg.payload["path"])
+                self.tasks.spawn(self.swap_verifier(msg.payload["name"], msg.payload["path"]), "swap")
             elif msg.kind in ("pause", "resume"):
                 self.paused = msg.kind == "pause"
             elif msg.kind == "stop":  # the learner is finishing: nothing more will be acknowledged
@@ -185,8 +191,7 @@ class Actor:
                 await self.sync.receive(target)
             except Exception as e:  # the learner's side failed or timed out: wait for a new rendezvous
                 self.supervisor.check(e)
-                self.last_error = self.sync.error
-                log.error(self.last_error)
+                self._error(self.sync.error)
             else:
                 await self.supervisor.engine.reset_prefix_cache()
             self.stats.updates += 1
@@ -204,8 +209,13 @@ class Actor:
                 await self._assignments.put(msg)
             elif isinstance(msg, wire.GroupAck):
                 self.sockets.rollouts.ack(msg.group_ids)
+                for gid, why in self.sockets.rollouts.reject(msg.rejected).items():  # dropped, never re-sent
+                    self.stats.rejected += 1
+                    self._error(f"group {gid} rejected by the learner: {why}")
             elif isinstance(msg, wire.Snapshot):
                 self.apply_snapshot(msg)
+                if msg.hello_needed:  # the learner forgot us (e.g. we were stopped for long): rejoin
+                    await self.sockets.work.send(self.sockets.hello(self.sync.version))
 
     async def _work_loop(self) -> None:
         while not self.stopping.is_set():

@@ -119,7 +119,7 @@ def build_group(group_id: str, item: wire.PromptItem, actor_id: str, version: in
         logprobs=logps, rewards=np.array([s.result.reward for s in scored], np.float32),
         correct=np.array([s.result.correct for s in scored], np.uint8),
         finish=np.array([FINISH_CODES.get(o.finish_reason or "stop", 0) for o in outs], np.uint8),
-        timings=timings, reasons=[s.result.reason for s in scored],
+        timings=timings, reasons=[s.result.reason[:wire.MAX_REASON_CHARS] for s in scored],
     )
 
 

@@ -20,6 +20,8 @@ class ActorStats:
     finished) or gated by max_staleness while waiting for the next one."""
     update_s: float = 0.0
     engine_restarts: int = 0
+    rejected: int = 0
+    """Groups the learner rejected (NACKed with a reason): dropped, never re-sent."""
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=100))
     """The latest errors worth keeping (bounded: a long job with a flaky verifier must not grow without end)."""
 
@@ -27,7 +29,7 @@ class ActorStats:
         """The counters a heartbeat carries (`wire.Heartbeat.stats`)."""
         return {"samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
                 "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
-                "idle_s": idle_s, "idle_weight_s": self.idle_weight_s}
+                "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s}
 
 
 class EngineLoad:

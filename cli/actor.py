@@ -18,6 +18,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
     cfg = load(args, overrides)
     ep = endpoints(cfg, args.learner_addr)
-    from actors.actor import main as serve
+    from actors.actor import log, main as serve
+    from actors.verifier_set import EXIT_REFUSED, ActorRefused
 
-    return serve(cfg, args.actor_id, ep)
+    try:
+        return serve(cfg, args.actor_id, ep)
+    except ActorRefused as e:  # the launcher does not restart an actor that exits with EXIT_REFUSED
+        log.error("actor %s refuses to start: %s", args.actor_id, e)
+        return EXIT_REFUSED

@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from actors.verifier_set import EXIT_REFUSED  # `brorl actor` cannot work as configured: never restarted
 from cli.display import status_lines
 from config.loader import to_toml
 from config.schema import BrorlConfig
@@ -76,6 +77,7 @@ class Launcher:
         self._started_at: dict[str, float] = {}
         self._restart_at: dict[str, float] = {}  # actor -> when its back-off ends
         self.given_up: list[str] = []
+        self.refused = ""  # why an actor refused to start (it exited with EXIT_REFUSED): the job stops
         self._stopping = False
         self._drawn = 0  # lines of the live panel on screen
 
@@ -141,6 +143,10 @@ class Launcher:
                 continue
             if name not in self._restart_at:
                 _kill_group(p.pid)  # the dead actor's engine and scoring processes
+                if p.returncode == EXIT_REFUSED:  # misconfigured (a verifier failed its self-test): restarting
+                    self.refused = f"{name} refused to start: {_last_error(self.logs / f'{name}.log')}"
+                    print(f"[brorl run] {self.refused}; stopping the job", flush=True)  # cannot help
+                    return
                 lived = now - self._started_at[name]
                 n = 0 if lived > 600 else self.restarts_of.get(name, 0)
                 if n >= self.cfg.run.max_actor_restarts:
@@ -165,6 +171,8 @@ class Launcher:
         while learner.poll() is None:
             if not self._stopping:
                 self._supervise_actors()
+                if self.refused:
+                    return EXIT_REFUSED
             if time.monotonic() - last > 5:
                 last = time.monotonic()
                 for name in self.procs:
@@ -190,6 +198,15 @@ class Launcher:
             self._drawn = len(lines)
         else:
             print(lines[0], flush=True)
+
+
+def _last_error(log: Path) -> str:
+    """The last ERROR line of a role's log (what made it exit), without the timestamp prefix."""
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if " ERROR " in ln]
+    except OSError:
+        return "see its log"
+    return lines[-1].split(" ERROR ", 1)[1] if lines else "see its log"
 
 
 def _kill_group(pgid: int) -> None:
@@ -228,6 +245,8 @@ def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True) -> int:
     rows = metrics_mod.read(la.run_dir / "metrics.jsonl")
     if rows:
         plot_run(la.run_dir)
+    if la.refused:
+        print(f"[brorl run] {la.refused}", file=sys.stderr, flush=True)
     if interrupted or rc != 0:
         return rc
     ckpt = la.run_dir / "checkpoints"

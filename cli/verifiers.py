@@ -31,7 +31,7 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
 
     async def ask() -> wire.AdminReply:
         t = cfg.transport
-        s = ActorSockets(ep, "admin", Security(t.curve, t.keys_dir, "admin"))
+        s = ActorSockets(ep, t.admin_key, Security(t.curve, t.keys_dir, t.admin_key))
         try:
             await s.work.send(wire.Admin(args.action, {"name": args.name, "path": args.to or ""}))
             while True:

@@ -213,6 +213,16 @@ class TransportConfig(_Section):
     sync fails, members silent for 1.5 heartbeat intervals are evicted at once (a dead one is found in
     seconds, not after the weight timeout)."""
 
+    max_actors: int = Field(256, ge=1)
+    """Most actor ids the learner keeps state for at once (members, incarnations, reminders). A hello from
+    a new id while this many are tracked is refused (counted, logged) until silent ones are pruned: a flood
+    of forged ids cannot grow the learner's tables."""
+
+    admin_key: str = "admin"
+    """With `curve = true`: the key name (`brorl keys generate --admin NAME`) that `brorl verifiers swap`
+    signs in with. Only keys under `keys_dir/admins/` may send admin commands; without CURVE only a
+    connection from loopback may."""
+
 
 class VerifierConfig(_Section):
     task: str = "synthetic"
@@ -229,6 +239,18 @@ class VerifierConfig(_Section):
 
     on_error: Literal["zero", "drop"] = "zero"
     """A verifier that raises, hangs or crashes: reward 0 with a reason, or drop the group."""
+
+    allowed_modules: list[str] = Field(default_factory=lambda: ["verifiers.*"])
+    """Module patterns (fnmatch) a verifier swap may load, e.g. "mylab.verifiers.*". Anything else is
+    refused before it is imported, by the learner and by every actor."""
+
+    check_timeout_s: float = Field(60.0, gt=0.0)
+    """Time limit for importing a verifier and running its self-test (in a separate process), when an
+    actor starts and on every swap; past it the verifier is rejected and the previous one stays."""
+
+    sandbox_unsafe: bool = False
+    """UNSAFE: where the code sandbox cannot contain programs (no bubblewrap, user namespaces denied), run
+    them anyway with rlimits and a wall-clock kill only. Off: an actor of a code task refuses to start."""
 
 
 class RunConfig(_Section):

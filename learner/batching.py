@@ -305,9 +305,12 @@ class Batcher:
 
 
 class Membership:
-    def __init__(self, timeout_s: float = 15.0):
+    def __init__(self, timeout_s: float = 15.0, max_actors: int = 256):
         self.timeout_s = timeout_s
+        self.max_actors = max_actors
         self.last_seen: dict[str, float] = {}
+        self.addresses: dict[str, str] = {}  # actor id -> the address its last hello came from
+        self._heard: dict[str, float] = {}  # actor id -> last message of any kind (hello included)
         self.group: list[str] = []
         self.synced_version = -1
         self.expected: dict[int, str] = {}
@@ -322,12 +325,33 @@ class Membership:
         self.resync = False
         self._reminded: dict[str, float] = {}
 
-    def hello(self, actor_id: str, incarnation: str) -> tuple[bool, str | None]:
-        """Record a hello. Returns (left_group, retired): left_group is True if it comes from a member of
-        the current weight group — the actor (or its engine) restarted, that group is gone for it and its
-        rendezvous must not be handed out again; retired is the actor's previous incarnation when this
-        hello comes from a new process under the same actor id (else None)."""
-        self.last_seen[actor_id] = time.monotonic()
+    def may_hello(self, actor_id: str) -> bool:
+        """Is there room for this actor id? Known ids always; a new one only while fewer than `max_actors`
+        ids are tracked (silent ones are pruned first): a flood of forged ids cannot grow the tables."""
+        if actor_id in self.incarnations:
+            return True
+        if len(self.incarnations) >= self.max_actors:
+            self.prune()
+        return len(self.incarnations) < self.max_actors
+
+    def prune(self) -> None:
+        """Forget every actor id not heard from for `timeout_s` (it says hello again if it comes back)."""
+        now = time.monotonic()
+        for a in [a for a, t in self._heard.items() if now - t >= self.timeout_s]:
+            for table in (self._heard, self.incarnations, self.addresses, self.last_seen, self.versions,
+                          self.actor_stats, self.last_error, self.bad_weights):
+                table.pop(a, None)
+            self.suspects.discard(a)
+
+    def hello(self, actor_id: str, incarnation: str, address: str = "") -> tuple[bool, str | None]:
+        """Record a hello (not yet a sign of life: an actor is alive from its first heartbeat or request, so
+        hellos alone — forged ones included — never start a rendezvous). Returns (left_group, retired):
+        left_group is True if it comes from a member of the current weight group — the actor (or its
+        engine) restarted, that group is gone for it and its rendezvous must not be handed out again;
+        retired is the actor's previous incarnation when this hello comes from a new process under the
+        same actor id (else None)."""
+        self._heard[actor_id] = time.monotonic()
+        self.addresses[actor_id] = address
         old = self.incarnations.get(actor_id)
         self.incarnations[actor_id] = incarnation
         left = actor_id in self.group
@@ -358,7 +382,7 @@ class Membership:
         now = time.monotonic()
         new = now - self.last_seen.get(actor_id, -math.inf) >= self.timeout_s or actor_id in self.suspects
         self.suspects.discard(actor_id)
-        self.last_seen[actor_id] = now
+        self.last_seen[actor_id] = self._heard[actor_id] = now
         return new
 
     async def roll_call(self, candidates: list[str], within_s: float) -> list[str]:

@@ -13,7 +13,6 @@ holds; the `Checkpointer` only writes and reads the files.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import signal
@@ -21,14 +20,17 @@ import time
 from pathlib import Path
 
 from config.schema import BrorlConfig
+from learner.admin import AdminDesk
 from learner.batching import Admission, Batch, Batcher, Dispatcher, Membership
+from learner.diagnose import why_no_batch
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
 from learner.metrics import MetricsWriter, open_append
 from learner.report import StepReport
 from learner.train_step import Trainer, TrainGroup
+from learner.validation import GroupValidator, identity_problem
 from transport import wire
 from transport.weights import WeightBroadcaster, WeightSyncError, free_port
-from transport.zmq_transport import Endpoints, LearnerSockets, Security
+from transport.zmq_transport import Endpoints, LearnerSockets, Peer, Security
 
 log = logging.getLogger("brorl.learner")
 
@@ -62,13 +64,20 @@ class LearnerService:
         self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                self.dispatcher.give_back)
         t = cfg.transport
-        self.members = Membership(t.heartbeat_timeout_s)
+        self.members = Membership(t.heartbeat_timeout_s, t.max_actors)
+        self.validator = GroupValidator(cfg, model.get_input_embeddings().num_embeddings)
+        self._admin_tasks: set[asyncio.Task] = set()
         if saved is not None:
             self.load_state_dict(self.ckpt.load(saved))
             log.info("resumed from %s: step %d, version %d, cursor %d", saved.path, self.trainer.state.step,
                      self.version, self.dispatcher.cursor)
-        self.sockets = LearnerSockets(self.endpoints_of(cfg), Security(t.curve, t.keys_dir), t.high_water_mark)
+        a = cfg.actor
+        self.sockets = LearnerSockets(self.endpoints_of(cfg), Security(t.curve, t.keys_dir), t.high_water_mark,
+                                      wire.max_frame_bytes(a.n_samples, a.max_tokens, a.max_model_len),
+                                      (t.heartbeat_interval_s, t.heartbeat_timeout_s))
         self.sockets.control.version = self.version
+        self.desk = AdminDesk(cfg, self.sockets.control,
+                              lambda: f"step {self.version}, version {self.version}, actors {self.members.alive()}")
         self.broadcaster = WeightBroadcaster(lambda: self.trainer.model.state_dict().items(),
                                              bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
                                              backend=t.weight_backend, host=t.host)
@@ -122,7 +131,17 @@ class LearnerService:
 
     async def train_on(self, batch: Batch, report: StepReport) -> None:
         self.dispatcher.observe_keep_rate(len(batch.groups), int(batch.stats["groups_received"]))
-        m = await asyncio.to_thread(self.trainer.step, [TrainGroup.from_wire(g) for g in batch.groups])
+        try:
+            m = await asyncio.to_thread(self.trainer.step, [TrainGroup.from_wire(g) for g in batch.groups])
+        except Exception:
+            if getattr(self.trainer, "updates_in_step", 1) == 0:  # nothing applied: the state is step `version`'s
+                path = await asyncio.to_thread(self.save_checkpoint)
+                log.exception("training step %d failed before changing anything; checkpoint %s written",
+                              self.version + 1, path)
+            else:
+                log.exception("training step %d failed after %d optimizer updates: no checkpoint of this state; "
+                              "resume from the last one", self.version + 1, self.trainer.updates_in_step)
+            raise
         report.update(m)
         self._bad_steps = self._bad_steps + 1 if m.get("step_skipped") else 0
         if self._bad_steps:
@@ -148,7 +167,7 @@ class LearnerService:
         self.generated_total += stats["generated"]
         self._no_progress = 0
         actors = self.members.actor_stats.values()
-        report.update({**stats, **self.admission.take_stats(), "version": self.version,
+        report.update({**stats, **self.admission.take_stats(), **self.validator.take_stats(), "version": self.version,
                        "no_progress_warnings": float(self._no_progress),
                        # cumulative over the actors' current runs, from their heartbeats
                        "actor_idle_s": sum(a.get("idle_s", 0.0) for a in actors),
@@ -261,83 +280,140 @@ class LearnerService:
     async def _work_task(self) -> None:
         while True:
             ident, msg = await self.sockets.work.recv()
-            if isinstance(msg, wire.Hello):
-                left_group, retired = self.members.hello(msg.actor_id, msg.incarnation)
-                if left_group:
-                    self._drop_group()  # stale for it: the next rendezvous forms a new group
-                if retired is not None:
-                    self.retire_incarnation(msg.actor_id, retired)
-                await self.sockets.answer_hello(ident, msg)
-                self.batcher.wake()  # a (re)joining actor may need the current weights
-            elif isinstance(msg, (wire.WorkRequest, wire.Heartbeat)) and not self.members.said_hello(msg.actor_id):
-                # an actor of an earlier learner process (we restarted): our snapshot tells it so, and it
-                # says hello before it gets work (a heartbeat or request of it counts for nothing until then)
-                if self.members.may_remind(msg.actor_id):
-                    await self.sockets.work.send(ident, self.sockets.control.snapshot())
-            elif isinstance(msg, wire.WorkRequest):
-                if self.members.seen(msg.actor_id):
-                    self.batcher.wake()
-                self.dispatcher.give_back(msg.returned, msg.actor_id)
-                items = self.dispatcher.grant(msg.actor_id, msg.credits, self.batcher.room(),
-                                              step=self.version, actor_version=msg.version,
-                                              settled=len(self.batcher.consumed_ids))
-                if items:
-                    self._record({"granted": [i.prompt_id for i in items], "actor": msg.actor_id,
-                                  "incarnation": self.members.incarnations.get(msg.actor_id, "")})
-                await self.sockets.work.send(ident, wire.WorkAssignment(items))
-            elif isinstance(msg, wire.Heartbeat):
-                new = self.members.heartbeat(msg)
-                if self.members.resync:  # an actor holds weights that failed their checksum
-                    self.members.resync = False
-                    self._drop_group()
-                if new or not self.members.group:
-                    self.batcher.wake()  # a new member, or a regroup: broadcast first
-            elif isinstance(msg, wire.Admin):
-                await self.sockets.work.send(ident, await self.admin(msg))
+            try:  # nothing a peer sends may end the learner
+                await self.on_work_message(ident, msg, self.sockets.work.last_peer)
+            except Exception as e:
+                self.validator.count("?", "-", f"internal_error: {type(e).__name__}: {e} (work message)")
+                log.exception("work message %s failed", type(msg).__name__)
+
+    async def on_work_message(self, ident: bytes, msg, peer: Peer) -> None:
+        if isinstance(msg, wire.Admin):  # answered by a task: a verifier check must not stall heartbeats
+            if len(self._admin_tasks) >= 4:
+                return await self.sockets.work.send(ident, wire.AdminReply(False, "busy: 4 admin commands running"))
+            t = asyncio.create_task(self._answer_admin(ident, msg, peer), name="learner:admin")
+            self._admin_tasks.add(t)
+            t.add_done_callback(self._admin_tasks.discard)
+            return
+        actor = getattr(msg, "actor_id", None)
+        if not isinstance(msg, (wire.Hello, wire.WorkRequest, wire.Heartbeat)):
+            return  # not a message an actor sends to the learner
+        why = self.work_identity_problem(ident, actor, peer, hello=isinstance(msg, wire.Hello))
+        if why:
+            self.validator.count(actor[:64], "-", f"identity: {type(msg).__name__} {why}")
+            return
+        if isinstance(msg, wire.Hello):
+            if not self.members.may_hello(actor):
+                self.validator.count(actor[:64], "-", f"hello_refused: {len(self.members.incarnations)} actor ids "
+                                                      f"tracked (transport.max_actors)")
+                return
+            left_group, retired = self.members.hello(actor, msg.incarnation, peer.address)
+            if left_group:
+                self._drop_group()  # stale for it: the next rendezvous forms a new group
+            if retired is not None:
+                self.retire_incarnation(actor, retired)
+            await self.sockets.answer_hello(ident, msg)
+            self.batcher.wake()  # a (re)joining actor may need the current weights
+        elif not self.members.said_hello(actor):
+            # an actor of an earlier learner process (we restarted) or one we forgot: our snapshot tells it
+            # to say hello before it gets work (a heartbeat or request of it counts for nothing until then)
+            if self.members.may_remind(actor):
+                await self.sockets.work.send(ident, self.sockets.control.snapshot(hello_needed=True))
+        elif isinstance(msg, wire.WorkRequest):
+            if self.members.seen(actor):
+                self.batcher.wake()
+            self.dispatcher.give_back(msg.returned, actor)
+            items = self.dispatcher.grant(actor, msg.credits, self.batcher.room(), step=self.version,
+                                          actor_version=msg.version, settled=len(self.batcher.consumed_ids))
+            if items:
+                self._record({"granted": [i.prompt_id for i in items], "actor": actor,
+                              "incarnation": self.members.incarnations.get(actor, "")})
+            await self.sockets.work.send(ident, wire.WorkAssignment(items))
+        else:
+            new = self.members.heartbeat(msg)
+            if self.members.resync:  # an actor holds weights that failed their checksum
+                self.members.resync = False
+                self._drop_group()
+            if new or not self.members.group:
+                self.batcher.wake()  # a new member, or a regroup: broadcast first
+
+    def work_identity_problem(self, ident: bytes, actor: str, peer: Peer, hello: bool) -> str:
+        """Why a work-socket message claiming to come from `actor` is not believed ("" if it is)."""
+        if not actor or len(actor) > 128:
+            return f"actor id of {len(actor)} characters (1 to 128 allowed)"
+        if ident != actor.encode():
+            return f"routing identity {ident[:64]!r} is not actor {actor!r}"
+        address = None if hello else self.members.addresses.get(actor)  # a hello may come from a new host
+        return identity_problem(actor, peer, address, self.cfg.transport.curve)
 
     def _record(self, row: dict) -> None:
         self.ledger.write(json.dumps(row) + "\n")
         self.ledger.flush()
 
-    async def admin(self, msg: wire.Admin) -> wire.AdminReply:
-        """Operator commands. A verifier swap is validated here first (import + self-test), then
-        published; each actor validates again, acknowledges in its heartbeat, and keeps the previous
-        verifier if its own check fails."""
-        from verifiers.registry import VerifierLoadError, load, run_self_test
-
-        if msg.command == "swap":
-            name, path = str(msg.args.get("name", "")), str(msg.args.get("path", ""))
-            try:
-                v = load(path)
-                run_self_test(v)
-            except VerifierLoadError as e:
-                return wire.AdminReply(False, f"rejected, previous verifier stays in force: {e}")
-            await self.sockets.control.publish("swap", name=name, path=path)
-            return wire.AdminReply(True, f"verifier {name!r} -> {path} (version {v.version}) published")
-        if msg.command == "status":
-            return wire.AdminReply(True, f"step {self.version}, version {self.version}, actors {self.members.alive()}")
-        return wire.AdminReply(False, f"unknown command {msg.command!r}")
+    async def _answer_admin(self, ident: bytes, msg: wire.Admin, peer: Peer) -> None:
+        try:
+            reply = await self.desk.handle(msg, peer)
+        except Exception as e:
+            log.exception("admin command %r failed", msg.command)
+            reply = wire.AdminReply(False, f"failed: {type(e).__name__}: {e}")
+        await self.sockets.work.send(ident, reply)
 
     async def _rollout_task(self) -> None:
         while True:
             g = await self.sockets.rollouts.recv()
-            if self._t_first is None:
-                self._t_first = time.monotonic()
-            acks = [g.group_id] + self.sockets.rollouts.take_duplicate_ids()
-            await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(acks))
-            if g.policy_version > self.version or not self.members.said_hello(g.actor_id):
-                self.batcher.count_unleased(g)  # generated for an earlier learner process (we restarted)
-                self.dispatcher.give_back([g.prompt_id], g.actor_id)
-            elif g.actor_id in self.members.bad_weights:
-                self.batcher.count_unleased(g)  # made with weights that failed their checksum
-                self.dispatcher.give_back([g.prompt_id], g.actor_id)
-            elif not self.dispatcher.claim(g.prompt_id, g.actor_id):
-                self.batcher.count_unleased(g)  # answered already, or granted to another actor meanwhile
-            elif self.admission.admit(g, self.version):
-                self.batcher.add(g)
-            else:
-                self.batcher.count_stale(g)
-                self.dispatcher.give_back([g.prompt_id])
+            await self.send_nacks()
+            try:  # nothing a peer sends may end the learner
+                await self.on_group(g, self.sockets.rollouts.last_peer)
+            except Exception as e:
+                why = f"internal_error: {type(e).__name__}: {e}"
+                self.validator.count(g.actor_id[:64], g.group_id[:200], why)
+                log.exception("group %s failed", g.group_id[:200])
+                await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([], {g.group_id: why}))
+
+    async def send_nacks(self) -> None:
+        """NACK groups that did not decode but named their sender and id (so it stops re-sending them)."""
+        for actor, gid, why in self.sockets.rollouts.take_nacks():
+            self.validator.count(actor[:64], gid[:200], why)
+            await self.sockets.work.send(actor.encode(), wire.GroupAck([], {gid: why}))
+
+    async def on_group(self, g: wire.RolloutGroup, peer: Peer) -> None:
+        """Validate, acknowledge (or NACK), then use or drop a group by the lease and staleness rules."""
+        if self._t_first is None:
+            self._t_first = time.monotonic()
+        dups = self.sockets.rollouts.take_duplicate_ids()
+        problem = self.validate(g, peer)
+        if problem:
+            self.validator.count(g.actor_id[:64], g.group_id[:200], problem)
+            self.dispatcher.give_back([g.prompt_id], g.actor_id)  # if it held the prompt: granted again
+            await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(dups, {g.group_id: problem}))
+            return
+        await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([g.group_id] + dups))
+        if not self.members.said_hello(g.actor_id):
+            self.batcher.count_unleased(g)  # generated for an earlier learner process (we restarted)
+            self.dispatcher.give_back([g.prompt_id], g.actor_id)
+        elif g.actor_id in self.members.bad_weights:
+            self.batcher.count_unleased(g)  # made with weights that failed their checksum
+            self.dispatcher.give_back([g.prompt_id], g.actor_id)
+        elif not self.dispatcher.claim(g.prompt_id, g.actor_id):
+            self.batcher.count_unleased(g)  # answered already, or granted to another actor meanwhile
+        elif self.admission.admit(g, self.version):
+            self.batcher.add(g)
+        else:
+            self.batcher.count_stale(g)
+            self.dispatcher.give_back([g.prompt_id])
+
+    def validate(self, g: wire.RolloutGroup, peer: Peer) -> str:
+        """"" if the group may be used, else the reason (`learner.validation`)."""
+        why = identity_problem(g.actor_id, peer, self.members.addresses.get(g.actor_id), self.cfg.transport.curve)
+        if why:
+            return f"identity: {why}"
+        if not self.members.said_hello(g.actor_id):
+            return ""  # of an earlier learner process: acknowledged and dropped, not judged
+        try:
+            task_verifier = self.dispatcher.tasks[g.prompt_id].verifier if g.prompt_id in self.dispatcher.pending else None
+        except KeyError:
+            task_verifier = None
+        return self.validator.check(g, version=self.version, next_prompt=self.dispatcher.next_id,
+                                    task_verifier=task_verifier, reward_range=self.desk.reward_range(g.verifier))
 
     def retire_incarnation(self, actor: str, incarnation: str) -> None:
         """A new process took over `actor`: the old one's prompts go back to the queue and its duplicate
@@ -365,6 +441,7 @@ class LearnerService:
         while True:
             await asyncio.sleep(min(1.0, self.members.timeout_s / 4))
             self.evict_silent()
+            await self.send_nacks()
             now = time.monotonic()
             if self.version != last_step:
                 last_step, since, warned = self.version, now, 0.0
@@ -375,31 +452,7 @@ class LearnerService:
 
     def diagnose(self) -> str:
         """Why no batch is forming, as far as the learner can tell, and the state it judged by."""
-        d, b, m = self.dispatcher, self.batcher, self.members
-        alive = m.alive()
-        held = collections.Counter(d.outstanding.values())
-        in_play = len(d.pending) - len(d.requeue) - len(b.consumed_ids)
-        if not b.waiting:
-            why = "the learner is not waiting for data: it is in a weight sync, a training step or a checkpoint"
-        elif not alive:
-            why = "no actor is alive (none heard from within transport.heartbeat_timeout_s)"
-        elif m.needs_sync(self.version):
-            why = f"the weights of version {self.version} have not reached every member yet"
-        elif all(m.versions.get(a, -1) < 0 for a in alive):
-            why = "every actor is without weights (waiting for a broadcast)"
-        elif in_play >= max(d.allowed_pending(self.version, self.version), 1) and not held:
-            why = "the freshness bound is full of prompts nobody holds"
-        elif held:
-            why = f"waiting for groups of the prompts actors hold ({dict(held)})"
-        else:
-            why = "actors are asking for work but none is granted"
-        return (f"{why}; kept {len(b.kept)} + gathered {len(b._gathered)} of B={b.B}, pending {len(d.pending)} "
-                f"(requeued {len(d.requeue)}, dropped-uncommitted {len(b.consumed_ids)}), next prompt {d.next_id}, "
-                f"alive {alive}, weight group {m.group}, synced version {m.synced_version}, actor versions "
-                f"{m.versions}, actors {{id: (inflight, unacked)}} "
-                f"{ {a: (s.get('inflight'), s.get('unacked')) for a, s in m.actor_stats.items()} }, since last "
-                f"step: received {b.stats['groups_received']} groups, dropped all-correct "
-                f"{b.stats['drop_all_correct']} all-wrong {b.stats['drop_all_wrong']} unleased {b.stats['drop_unleased']}")
+        return why_no_batch(self.dispatcher, self.batcher, self.members, self.version)
 
     def _on_signal(self) -> None:
         self.stop.set()

@@ -143,6 +143,7 @@ class Trainer:
     def step(self, groups: list[TrainGroup]) -> dict[str, float]:
         if not groups:
             raise ValueError("groups is empty: a step needs at least one group")
+        self.updates_in_step = 0  # optimizer steps applied so far in this step (0: an exception changed nothing)
         t0 = time.perf_counter()
         cfg, dev = self.cfg, self.cfg.device
         n = len(groups[0].rewards)
@@ -218,6 +219,7 @@ class Trainer:
             if not math.isfinite(norm):  # the backend skipped the optimizer step
                 skipped += 1
                 continue
+            self.updates_in_step += 1
             grad_norms.append(norm)
             m["loss"] = loss.item()
             share = weight / world  # this rank's part of the mini-batch mean

@@ -155,11 +155,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def open_group(host: str, port: int, rank: int, world_size: int, group_name: str, timeout_s: float,
                backend: str = "gloo"):
-    """A process group of its own (not the default one): TCPStore rendezvous + gloo (or NCCL)."""
+    """A process group of its own (not the default one): TCPStore rendezvous + gloo (or NCCL). Rank 0's
+    store listens on `host` only (TCPStore by itself would listen on every interface)."""
+    import socket
+
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
+    listen = None
+    if rank == 0:
+        listen = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listen.bind((host, port))
+        listen.listen(1024)
+    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False,
+                          master_listen_fd=None if listen is None else listen.detach())  # the store owns it now
     prefixed = dist.PrefixStore(group_name, store)
     if backend == "gloo":
         return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), store

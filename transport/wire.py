@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-SCHEMA_VERSION = 3  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch. Another version is rejected, both named
+SCHEMA_VERSION = 4  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
+# Snapshot.hello_needed. A message of another version is rejected, both versions named.
 MAX_HEADER_BYTES = 1 << 20
+MAX_REASON_CHARS = 200  # a verifier's reason per completion, as sent (the header of N = 2048 stays < 1 MiB)
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
 FINISH_REASONS = ("stop", "length", "abort", "error")
 CONTROL_KINDS = ("version", "swap", "pause", "resume", "stop", "sync_ack", "weights")
@@ -126,6 +128,8 @@ class WorkAssignment:
 class GroupAck:
     group_ids: list[str]
     """Groups the learner has received (accepted or dropped as duplicate)."""
+    rejected: dict[str, str] = field(default_factory=dict)
+    """Groups the learner refused, group id -> reason (a NACK): the actor drops them and does not re-send."""
 
 
 @dataclass
@@ -142,6 +146,8 @@ class Snapshot:
     """Payload of the latest "weights" rendezvous (empty if none): a joining actor named in it joins."""
     epoch: str = ""
     """Nonce of the learner process: a different one than before means the learner restarted."""
+    hello_needed: bool = False
+    """The learner does not know this actor (any more): it must say hello before its messages count."""
 
 
 @dataclass
@@ -216,15 +222,21 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "heartbeat": {"actor_id": (str,), "version": (int,), "inflight": (int,), "unacked": (int,),
                   "checksum": (str,), "verifiers": (dict,), "error": (str,), "stats": (dict,)},
     "assignment": {"items": (list,)},
-    "ack": {"group_ids": (list,)},
+    "ack": {"group_ids": (list,), "rejected": (dict,)},
     "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,),
-                 "weights": (dict,), "epoch": (str,)},
+                 "weights": (dict,), "epoch": (str,), "hello_needed": (bool,)},
     "control": {"seq": (int,), "kind": (str,), "payload": (dict,), "epoch": (str,)},
     "admin": {"command": (str,), "args": (dict,)},
     "admin_reply": {"ok": (bool,), "message": (str,)},
 }
 _GROUP_FIELDS = {"group_id": (str,), "prompt_id": (int,), "actor_id": (str,), "policy_version": (int,),
                  "verifier": (str,), "verifier_version": (str,), "timings": (dict,), "reasons": (list,)}
+
+
+def max_frame_bytes(n_samples: int, max_tokens: int, max_model_len: int) -> int:
+    """The largest frame a valid message of this job can have: a header, or a group's largest array (its
+    N × max_tokens tokens or log-probs, or its prompt). Sockets refuse anything larger (ZMQ_MAXMSGSIZE)."""
+    return max(MAX_HEADER_BYTES, 4 * n_samples * max_tokens, 4 * max_model_len) + 4096
 
 
 def encode(msg: Any) -> list[Any]:
@@ -267,8 +279,9 @@ def decode(frames: list[Any]) -> Any:
     """Frames -> message, fully validated; raises WireError on anything malformed."""
     _check(len(frames) >= 1, "empty message")
     raw = [f.buffer if hasattr(f, "buffer") else f for f in frames]
+    size = memoryview(raw[0]).nbytes  # checked before the header is copied or parsed
+    _check(size <= MAX_HEADER_BYTES, f"header of {size} bytes exceeds {MAX_HEADER_BYTES}")
     head = bytes(raw[0]) if not isinstance(raw[0], bytes) else raw[0]
-    _check(len(head) <= MAX_HEADER_BYTES, f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
         header = orjson.loads(head)
     except orjson.JSONDecodeError as e:
@@ -295,6 +308,7 @@ def _decode_header_only(kind: str, header: dict) -> Any:
         return WorkAssignment(items)
     if kind == "ack":
         _check(all(isinstance(g, str) for g in body["group_ids"]), "ack: group_ids must be strings")
+        _check(all(isinstance(v, str) for v in body["rejected"].values()), "ack: rejected must map ids to reasons")
     if kind == "work_request":
         _check(body["credits"] >= 0, "work_request: credits must be >= 0")
         _check(all(isinstance(i, int) and not isinstance(i, bool) for i in body["returned"]),

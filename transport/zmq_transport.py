@@ -22,7 +22,11 @@ process (its incarnation), so a restarted actor never collides with its predeces
 kept compact per incarnation (highest contiguous seq + the few above it; `forget` drops a retired one).
 
 Bad input: every receive path decodes with `wire.decode`; a frame sequence that fails is counted in
-`stats["rejected"]`, logged (rate-limited), and dropped — the socket keeps serving.
+`rejects`, logged (rate-limited), and dropped — the socket keeps serving (a group whose header still names
+its id is NACKed: `RolloutReceiver.nacks`). Frames larger than any valid message of the job are refused by
+libzmq itself (ZMQ_MAXMSGSIZE: the peer is disconnected before the frame is buffered), and ZMTP heartbeats
+drop TCP peers that went silent. Each received message leaves its connection's `Peer` (address, and the
+ZAP User-Id with CURVE) in `last_peer`, for the learner's identity checks.
 """
 
 from __future__ import annotations
@@ -32,92 +36,34 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from transport import security, wire
+from transport.zmq_base import (HEADER_FRAME, Endpoints, Limits, Peer, Security, _bind, _recv_frames, _Rejects,
+                                _tune)
+
+__all__ = ["Endpoints", "Limits", "Peer", "Security", "LearnerSockets", "ActorSockets", "MAX_SENDERS"]
 
 log = logging.getLogger("brorl.transport")
 MAX_SENDERS = 4096  # duplicate tables kept (one per actor process); the oldest unused one goes first
 
 
-@dataclass
-class Endpoints:
-    host: str = "127.0.0.1"
-    work_port: int = 5555
-    rollout_port: int = 5556
-    control_port: int = 5557
-
-    def url(self, port: int) -> str:
-        return f"tcp://{self.host}:{port}"
-
-    @classmethod
-    def from_address(cls, address: str) -> "Endpoints":
-        """`tcp://HOST:PORT` names the learner's work port; the rollout and control ports follow it (+1, +2)."""
-        host, _, port = address.removeprefix("tcp://").rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"a learner address looks like tcp://HOST:PORT, got {address!r}")
-        p = int(port)
-        return cls(host, p, p + 1, p + 2)
-
-
-@dataclass
-class Security:
-    curve: bool = False
-    keys_dir: str | Path = "runs/keys"
-    client_name: str = ""
-
-
-class _Rejects:
-    def __init__(self, where: str):
-        self.where = where
-        self.count = 0
-        self._last_log = 0.0
-
-    def add(self, err: Exception) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if now - self._last_log > 1.0:  # at most one line a second per socket
-            self._last_log = now
-            log.warning("%s: rejected malformed message (%d so far): %s", self.where, self.count, err)
-
-
-def _bind(sock: zmq.asyncio.Socket, host: str, port: int) -> int:
-    if port == 0:
-        return sock.bind_to_random_port(f"tcp://{host}")
-    sock.bind(f"tcp://{host}:{port}")
-    return port
-
-
-async def _recv_frames(sock: zmq.asyncio.Socket, timeout_s: float | None = None) -> list:
-    """`recv_multipart(copy=False)` that tolerates spurious wake-ups: libzmq can report POLLIN and then
-    answer EAGAIN (seen with CURVE right after the handshake, before multi-MB messages); that is retried,
-    not raised. With `timeout_s`, raises asyncio.TimeoutError when nothing arrives in time."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not await sock.poll(left * 1000):
-                raise asyncio.TimeoutError
-        try:
-            return await sock.recv_multipart(copy=False)
-        except zmq.Again:
-            await asyncio.sleep(0)
-
-
 class LearnerSockets:
-    """The learner's three bound sockets on one context (and the CURVE authenticator, if on)."""
+    """The learner's three bound sockets on one context (and the CURVE authenticator, if on). `max_frame`
+    bounds a rollout frame (`wire.max_frame_bytes` of the job; the work and control sockets carry headers
+    only); `heartbeat` = (interval, timeout) seconds of ZMTP heartbeats (0: off)."""
 
-    def __init__(self, ep: Endpoints, sec: Security = Security(), hwm: int = 64):
+    def __init__(self, ep: Endpoints, sec: Security = Security(), hwm: int = 64, max_frame: int = -1,
+                 heartbeat: tuple[float, float] = (0.0, 0.0)):
         self.ctx = zmq.asyncio.Context()
         self.auth = security.start_authenticator(self.ctx, sec.keys_dir) if sec.curve else None
-        self.work = WorkServer(self.ctx, ep, sec, hwm)
-        self.rollouts = RolloutReceiver(self.ctx, ep, sec, hwm)
-        self.control = ControlPublisher(self.ctx, ep, sec, hwm)
+        headers = Limits(hwm, HEADER_FRAME, *heartbeat)
+        self.work = WorkServer(self.ctx, ep, sec, headers)
+        self.rollouts = RolloutReceiver(self.ctx, ep, sec, Limits(hwm, max_frame, *heartbeat))
+        self.control = ControlPublisher(self.ctx, ep, sec, headers)
         self.endpoints = Endpoints(ep.host, self.work.port, self.rollouts.port, self.control.port)
 
     async def answer_hello(self, identity: bytes, hello: wire.Hello) -> None:
@@ -138,30 +84,35 @@ class WorkServer:
     """ROUTER, bound. HWM `hwm` per peer; replies to a peer whose queue is full are dropped by libzmq
     (ROUTER semantics) — the actor re-asks after its timeout, so nothing is lost."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, hwm: int):
+    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits):
         self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.SNDHWM, hwm)
-        self.sock.setsockopt(zmq.RCVHWM, hwm)
+        _tune(self.sock, lim)
+        self.sock.setsockopt(zmq.SNDHWM, lim.hwm)
+        self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         # a restarted actor reconnects under the same identity while its dead predecessor's connection may
         # still be registered: the new connection takes the identity over (the default would refuse it)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.sock.setsockopt(zmq.LINGER, 0)
         if sec.curve:
             security.make_server(self.sock, sec.keys_dir)
         self.port = _bind(self.sock, ep.host, ep.work_port)
         self.rejects = _Rejects("work ROUTER")
+        self.last_peer = Peer()
 
     async def recv(self) -> tuple[bytes, Any]:
+        """(routing identity, message); the connection it came on is in `last_peer`."""
         while True:
             frames = await _recv_frames(self.sock)
             if len(frames) < 2:
                 self.rejects.add(wire.WireError("ROUTER message without identity and body"))
                 continue
             try:
-                return bytes(frames[0].buffer), wire.decode(frames[1:])
+                msg = wire.decode(frames[1:])
             except wire.WireError as e:
                 self.rejects.add(e)
+                continue
+            self.last_peer = Peer.of(frames[1])
+            return bytes(frames[0].buffer), msg
 
     async def send(self, identity: bytes, msg: Any) -> None:
         await self.sock.send_multipart([identity, *wire.encode(msg)], copy=False)
@@ -170,16 +121,19 @@ class WorkServer:
 class RolloutReceiver:
     """PULL, bound. RCVHWM `hwm` messages; when full, the actors' PUSH sockets block (backpressure)."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, hwm: int):
+    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits):
         self.sock = ctx.socket(zmq.PULL)
-        self.sock.setsockopt(zmq.RCVHWM, hwm)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        _tune(self.sock, lim)
+        self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
         if sec.curve:
             security.make_server(self.sock, sec.keys_dir)
         self.port = _bind(self.sock, ep.host, ep.rollout_port)
         self.rejects = _Rejects("rollout PULL")
         self.duplicates = 0
         self.dup_ids: list[str] = []
+        self.last_peer = Peer()
+        self.nacks: list[tuple[str, str, str]] = []  # (actor id, group id, why) of undecodable groups
+        # that still name themselves: the caller NACKs them (bounded: the oldest are dropped)
         # per "<actor_id>:<incarnation>": (highest contiguous seq, seqs seen above it); least recently used
         # first, at most MAX_SENDERS (a retired incarnation is forgotten at once, see `forget`)
         self._seen: OrderedDict[str, tuple[int, set[int]]] = OrderedDict()
@@ -218,12 +172,30 @@ class RolloutReceiver:
                 dup = self.is_duplicate(group.group_id)
             except wire.WireError as e:
                 self.rejects.add(e)
+                self._nack(frames[0], str(e))
                 continue
+            self.last_peer = Peer.of(frames[0])
             if dup:
                 self.duplicates += 1
                 self.dup_ids.append(group.group_id)
                 continue
             return group
+
+    def _nack(self, head, why: str) -> None:
+        """An undecodable group whose header still names its sender and id: NACK it (so the sender drops
+        it instead of re-sending it forever)."""
+        import orjson
+
+        try:
+            h = orjson.loads(bytes(head.buffer)) if memoryview(head.buffer).nbytes <= wire.MAX_HEADER_BYTES else {}
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        if isinstance(h, dict) and isinstance(h.get("actor_id"), str) and isinstance(h.get("group_id"), str):
+            self.nacks = self.nacks[-255:] + [(h["actor_id"], h["group_id"], f"malformed: {why}"[:300])]
+
+    def take_nacks(self) -> list[tuple[str, str, str]]:
+        nacks, self.nacks = self.nacks, []
+        return nacks
 
     def forget(self, prefix: str) -> None:
         """Drop the duplicate table of one sender ("<actor_id>:<incarnation>", a retired incarnation)."""
@@ -239,10 +211,10 @@ class ControlPublisher:
     (PUB semantics), which is why control is state-based: every message carries a seq, and a joining or
     lagging actor resynchronises from a `Snapshot` (see `ControlSubscriber.sync`)."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, hwm: int):
+    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits):
         self.sock = ctx.socket(zmq.PUB)
-        self.sock.setsockopt(zmq.SNDHWM, hwm)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        _tune(self.sock, lim)
+        self.sock.setsockopt(zmq.SNDHWM, lim.hwm)
         if sec.curve:
             security.make_server(self.sock, sec.keys_dir)
         self.port = _bind(self.sock, ep.host, ep.control_port)
@@ -253,8 +225,9 @@ class ControlPublisher:
         self.paused = False
         self.weights: dict[str, Any] = {}
 
-    def snapshot(self) -> wire.Snapshot:
-        return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused, dict(self.weights), self.epoch)
+    def snapshot(self, hello_needed: bool = False) -> wire.Snapshot:
+        return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused, dict(self.weights), self.epoch,
+                             hello_needed)
 
     async def publish(self, kind: str, **payload: Any) -> wire.Control:
         self.seq += 1
@@ -276,14 +249,16 @@ class ControlPublisher:
 
 class ActorSockets:
     def __init__(self, ep: Endpoints, actor_id: str, sec: Security = Security(), hwm: int = 64,
-                 max_unacked: int = 64, resend_after_s: float = 10.0, incarnation: str | None = None):
+                 max_unacked: int = 64, resend_after_s: float = 10.0, incarnation: str | None = None,
+                 heartbeat: tuple[float, float] = (0.0, 0.0)):
         self.ctx = zmq.asyncio.Context()
         self.actor_id = actor_id
         self.incarnation = incarnation or uuid.uuid4().hex[:12]  # this process: in every hello and group id
         sec = Security(sec.curve, sec.keys_dir, sec.client_name or actor_id)
-        self.work = WorkClient(self.ctx, ep, sec, hwm, actor_id)
-        self.rollouts = RolloutSender(self.ctx, ep, sec, hwm, actor_id, max_unacked, resend_after_s, self.incarnation)
-        self.control = ControlSubscriber(self.ctx, ep, sec, hwm)
+        lim = Limits(hwm, HEADER_FRAME, *heartbeat)  # an actor receives header-only messages
+        self.work = WorkClient(self.ctx, ep, sec, lim, actor_id)
+        self.rollouts = RolloutSender(self.ctx, ep, sec, lim, actor_id, max_unacked, resend_after_s, self.incarnation)
+        self.control = ControlSubscriber(self.ctx, ep, sec, lim)
 
     def close(self) -> None:
         for s in (self.work.sock, self.rollouts.sock, self.control.sock):
@@ -324,11 +299,11 @@ class WorkClient:
     """DEALER, connected. SNDHWM `hwm`; when the learner is unreachable, sends queue up to the HWM and
     then `send` waits — requests are small and re-sent on timeout, so nothing accumulates."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, hwm: int, actor_id: str):
+    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits, actor_id: str):
         self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.SNDHWM, hwm)
-        self.sock.setsockopt(zmq.RCVHWM, hwm)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        _tune(self.sock, lim)
+        self.sock.setsockopt(zmq.SNDHWM, lim.hwm)
+        self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
         self.sock.setsockopt(zmq.IDENTITY, actor_id.encode())
         if sec.curve:
             security.make_client(self.sock, sec.keys_dir, sec.client_name or actor_id)
@@ -353,11 +328,11 @@ class WorkClient:
 class RolloutSender:
     """PUSH, connected. SNDHWM `hwm`; when the learner's queue and ours are full, sends wait."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, hwm: int, actor_id: str,
+    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits, actor_id: str,
                  max_unacked: int, resend_after_s: float, incarnation: str = "0"):
         self.sock = ctx.socket(zmq.PUSH)
-        self.sock.setsockopt(zmq.SNDHWM, hwm)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        _tune(self.sock, lim)
+        self.sock.setsockopt(zmq.SNDHWM, lim.hwm)
         if sec.curve:
             security.make_client(self.sock, sec.keys_dir, sec.client_name or actor_id)
         self.sock.connect(ep.url(ep.rollout_port))
@@ -389,6 +364,13 @@ class RolloutSender:
         if len(self.unacked) < self.max_unacked:
             self._room.set()
 
+    def reject(self, rejected: dict[str, str]) -> dict[str, str]:
+        """The learner refused these groups (id -> why): drop them, never re-send; returns those we held."""
+        mine = {gid: why for gid, why in rejected.items() if self.unacked.pop(gid, None) is not None}
+        if len(self.unacked) < self.max_unacked:
+            self._room.set()
+        return mine
+
     def forget_unacked(self) -> None:
         """Give up every unacknowledged group (they were for a learner process that is gone)."""
         self.unacked.clear()
@@ -412,10 +394,10 @@ class ControlSubscriber:
     message of another epoch (the learner restarted; seq starts again) is passed on and starts counting
     afresh; the caller sees the new `epoch` on it and resynchronises."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, hwm: int):
+    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits):
         self.sock = ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.RCVHWM, hwm)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        _tune(self.sock, lim)
+        self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
         if sec.curve:
             security.make_client(self.sock, sec.keys_dir, sec.client_name)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")

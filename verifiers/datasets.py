@@ -116,3 +116,12 @@ def task_source(spec: str, seed: int, split: Split, difficulty: int = 1) -> Iter
             raise DatasetError(f"{arg} has no {split} tasks")
         return itertools.cycle(tasks)
     raise DatasetError(f"unknown task spec {spec!r}: use synthetic, reasoning_gym:<dataset> or jsonl:<path>")
+
+
+def verifier_names(spec: str, seed: int, difficulty: int = 1, sample: int = 256) -> set[str]:
+    """The verifiers a task spec's tasks name: every task of a JSONL file (both splits), else the first
+    `sample` training tasks of the stream."""
+    kind, _, arg = spec.partition(":")
+    if kind == "jsonl" and arg:
+        return {t.verifier for t in load_jsonl(arg).tasks}
+    return {t.verifier for t in itertools.islice(task_source(spec, seed, "train", difficulty), sample)}

@@ -2,17 +2,20 @@
 
 A verifier module defines `NAME`, `VERSION`, `score(completion, reference) -> VerifierResult` and
 `SELF_TEST`, a list of (completion, reference, expected correct) that must hold before the verifier is
-accepted. `module.path:attr` names a `Verifier` object instead. The same `Registry.score` path serves
-training (actors) and `brorl eval`.
+accepted, and may declare `REWARD_RANGE` (lowest, highest reward it gives; default (0.0, 1.0): the learner
+rejects groups with rewards outside it). `module.path:attr` names a `Verifier` object instead. The same
+`Registry.score` path serves training (actors) and `brorl eval`.
 
 Hot swap: `Registry.swap(name, path)` imports the new verifier, runs its self-test and only then
 replaces (or adds) `name`; any failure raises `VerifierLoadError` with the reason and leaves the
-previous verifier in force.
+previous verifier in force. Actors and the learner do the import and self-test in a separate process
+(`verifiers.check`) and `adopt` the result, so no verifier code runs in their own process.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,6 +40,17 @@ class Verifier:
     score: Callable[[str, str], VerifierResult]
     self_test: list[tuple[str, str, bool]] = field(default_factory=list)
     path: str = ""
+    reward_range: tuple[float, float] = (0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class VerifierInfo:
+    """What a verifier declared when it passed its self-test (in another process: `verifiers.check`)."""
+
+    name: str
+    version: str
+    reward_range: tuple[float, float]
+    path: str
 
 
 def load(path: str) -> Verifier:
@@ -52,7 +66,11 @@ def load(path: str) -> Verifier:
         missing = [a for a in ("NAME", "VERSION", "score") if not hasattr(mod, a)]
         if missing:
             raise VerifierLoadError(f"{path}: module lacks {', '.join(missing)}")
-        return Verifier(mod.NAME, str(mod.VERSION), mod.score, list(getattr(mod, "SELF_TEST", [])), path)
+        lo, hi = getattr(mod, "REWARD_RANGE", (0.0, 1.0))
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise VerifierLoadError(f"{path}: REWARD_RANGE {(lo, hi)} is not a finite (low, high) pair")
+        return Verifier(mod.NAME, str(mod.VERSION), mod.score, list(getattr(mod, "SELF_TEST", [])), path,
+                        (float(lo), float(hi)))
     except VerifierLoadError:
         raise
     except Exception as e:  # ImportError, SyntaxError, AttributeError, anything the import ran
@@ -78,9 +96,24 @@ def run_self_test(v: Verifier) -> None:
 class Registry:
     def __init__(self, builtins: dict[str, str] | None = None):
         self._by_name: dict[str, Verifier] = {}
+        self._adopted: dict[str, VerifierInfo] = {}  # checked in another process, never imported here
         self._paths = dict(BUILTINS if builtins is None else builtins)
 
+    def adopt(self, name: str, info: VerifierInfo) -> None:
+        """Make `info.path` (self-tested elsewhere: `verifiers.check`) the verifier for `name`."""
+        self._paths[name] = info.path
+        self._adopted[name] = info
+        self._by_name.pop(name, None)
+
+    def info(self, name: str) -> VerifierInfo:
+        """Name, version and reward range of the verifier for `name` (a built-in is imported to learn it)."""
+        if name in self._adopted:
+            return self._adopted[name]
+        v = self.get(name)
+        return VerifierInfo(v.name, v.version, v.reward_range, self._paths.get(name, v.path))
+
     def get(self, name: str) -> Verifier:
+        """The verifier object, imported into this process (built-ins; `brorl eval`)."""
         if name not in self._by_name:
             if name not in self._paths:
                 raise KeyError(f"no verifier named {name!r} (known: {', '.join(sorted(self.names()))})")
@@ -88,7 +121,7 @@ class Registry:
         return self._by_name[name]
 
     def names(self) -> set[str]:
-        return set(self._paths) | set(self._by_name)
+        return set(self._paths) | set(self._by_name) | set(self._adopted)
 
     def path(self, name: str) -> str | None:
         """Dotted path of the verifier in force for `name` (None if there is none)."""
@@ -96,7 +129,8 @@ class Registry:
 
     def in_force(self) -> dict[str, str]:
         """Name -> "path@version" of every verifier loaded so far (what an actor acknowledges)."""
-        return {n: f"{self._paths.get(n, v.path)}@{v.version}" for n, v in self._by_name.items()}
+        out = {n: f"{self._paths.get(n, v.path)}@{v.version}" for n, v in self._by_name.items()}
+        return out | {n: f"{i.path}@{i.version}" for n, i in self._adopted.items()}
 
     def swap(self, name: str, path: str) -> Verifier:
         """Load `path`, self-test it, then make it the verifier for `name`. Raises VerifierLoadError and
@@ -105,6 +139,7 @@ class Registry:
         run_self_test(v)
         self._by_name[name] = v
         self._paths[name] = path
+        self._adopted.pop(name, None)
         return v
 
     def try_swap(self, name: str, path: str) -> str:

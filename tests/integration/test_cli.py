@@ -53,3 +53,30 @@ def test_console_script_installed():
     assert exe.exists()
     r = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and all(role in r.stdout for role in ROLES)
+
+
+def test_a_code_job_where_the_sandbox_cannot_contain_refuses_to_start(tiny_model_dir, tmp_path):
+    """No bubblewrap (as on a host without it): the actor's start-up self-test of the `code` verifier runs the
+    real sandbox, which refuses; the actor exits with the reason (EXIT_REFUSED), `brorl run` does not restart
+    it but stops the job with that reason, and no child outlives it."""
+    import json
+    import os
+
+    from transport.weights import free_port
+
+    tasks = tmp_path / "code.jsonl"
+    ref = {"tests": [{"input": "2\n", "output": "4"}]}
+    tasks.write_text("".join(json.dumps({"prompt": f"Double it ({i}):", "reference": ref, "verifier": "code",
+                                         "id": f"c{i}"}) + "\n" for i in range(20)))
+    port = free_port()
+    r = brorl("run", "--no-eval", "--model.path", tiny_model_dir, "--run.run_dir", str(tmp_path / "run"),
+              "--verifiers.task", f"jsonl:{tasks}", "--learner.steps", "2", "--transport.work_port", str(port),
+              "--transport.rollout_port", str(port + 1), "--transport.control_port", str(port + 2),
+              env={**os.environ, "BRORL_BWRAP": "/nonexistent/bwrap"}, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 78, out[-3000:]
+    assert "actor-0 refused to start" in out and "verifier 'code' failed its start-up self-test" in out, out[-3000:]
+    assert "bubblewrap (bwrap) is not installed" in out and "verifiers.sandbox_unsafe" in out
+    assert "restarting it" not in out
+    log = (tmp_path / "run" / "logs" / "actor-0.log").read_text()
+    assert "refuses to start" in log

@@ -173,9 +173,10 @@ async def test_restarted_actor_is_a_new_incarnation_and_its_groups_train(tiny_mo
 
 
 async def test_nonfinite_steps_change_nothing_then_stop_the_job_with_a_checkpoint(tiny_model_dir, tmp_path):
-    """Rewards of 3e38 (finite, so the wire takes them) make every advantage NaN: each step is skipped with
-    weights and optimizer untouched and counted; `max_nonfinite_steps` = 2 in a row stop the job with the
-    error, after a checkpoint whose weights are the ones training started from."""
+    """Rewards of 3e38 (finite, so the wire takes them; admitted because the verifier here declares a range
+    that wide) make every advantage NaN: each step is skipped with weights and optimizer untouched and
+    counted; `max_nonfinite_steps` = 2 in a row stop the job with the error, after a checkpoint whose
+    weights are the ones training started from."""
     import torch
     from safetensors.torch import load_file
 
@@ -183,6 +184,7 @@ async def test_nonfinite_steps_change_nothing_then_stop_the_job_with_a_checkpoin
 
     cfg = job(tiny_model_dir, tmp_path, steps=10, **{"learner.max_nonfinite_steps": 2})
     svc = LearnerService(cfg)
+    svc.desk.reward_ranges["synthetic"] = (0.0, 3.4e38)  # what a verifier's REWARD_RANGE may declare
     before = {k: v.clone() for k, v in svc.trainer.model.state_dict().items()}
     actor = FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, seed=3, reward=3e38)
     service = asyncio.create_task(svc.run())

@@ -7,7 +7,7 @@ import zmq.asyncio
 from actors.stats import ActorStats
 from config.loader import load_config
 from learner.batching import Dispatcher, Membership, TaskStream
-from transport.zmq_transport import MAX_SENDERS, Endpoints, RolloutReceiver, Security
+from transport.zmq_transport import MAX_SENDERS, Endpoints, Limits, RolloutReceiver, Security
 
 
 def test_task_cache_holds_only_prompts_in_play():
@@ -56,7 +56,7 @@ def test_actor_errors_are_capped():
 def test_duplicate_tables_kept_for_recent_senders_only():
     ctx = zmq.asyncio.Context()
     try:
-        rx = RolloutReceiver(ctx, Endpoints("127.0.0.1", 0, 0, 0), Security(), 10)
+        rx = RolloutReceiver(ctx, Endpoints("127.0.0.1", 0, 0, 0), Security(), Limits(10))
         for i in range(MAX_SENDERS + 500):
             assert not rx.is_duplicate(f"a{i}:inc:0")
         assert len(rx._seen) == MAX_SENDERS

@@ -1,0 +1,33 @@
+"""The learner's no-progress diagnosis: why no batch is forming, in words, with the state it judged by."""
+
+from __future__ import annotations
+
+import collections
+
+
+def why_no_batch(dispatcher, batcher, members, version: int) -> str:
+    d, b, m = dispatcher, batcher, members
+    alive = m.alive()
+    held = collections.Counter(d.outstanding.values())
+    in_play = len(d.pending) - len(d.requeue) - len(b.consumed_ids)
+    if not b.waiting:
+        why = "the learner is not waiting for data: it is in a weight sync, a training step or a checkpoint"
+    elif not alive:
+        why = "no actor is alive (none heard from within transport.heartbeat_timeout_s)"
+    elif m.needs_sync(version):
+        why = f"the weights of version {version} have not reached every member yet"
+    elif all(m.versions.get(a, -1) < 0 for a in alive):
+        why = "every actor is without weights (waiting for a broadcast)"
+    elif in_play >= max(d.allowed_pending(version, version), 1) and not held:
+        why = "the freshness bound is full of prompts nobody holds"
+    elif held:
+        why = f"waiting for groups of the prompts actors hold ({dict(held)})"
+    else:
+        why = "actors are asking for work but none is granted"
+    return (f"{why}; kept {len(b.kept)} + gathered {len(b._gathered)} of B={b.B}, pending {len(d.pending)} "
+            f"(requeued {len(d.requeue)}, dropped-uncommitted {len(b.consumed_ids)}), next prompt {d.next_id}, "
+            f"alive {alive}, weight group {m.group}, synced version {m.synced_version}, actor versions "
+            f"{m.versions}, actors {{id: (inflight, unacked)}} "
+            f"{ {a: (s.get('inflight'), s.get('unacked')) for a, s in m.actor_stats.items()} }, since last "
+            f"step: received {b.stats['groups_received']} groups, dropped all-correct "
+            f"{b.stats['drop_all_correct']} all-wrong {b.stats['drop_all_wrong']} unleased {b.stats['drop_unleased']}")

@@ -1,0 +1,131 @@
+"""The code sandbox is contained or refuses — never silently uncontained — as root, as root without
+CAP_SYS_ADMIN, as root under a Docker-like seccomp profile (no namespaces: refused unless the operator
+says unsafe), and as an unprivileged user; and nothing of a run survives its scoring worker's SIGKILL.
+
+Each mode runs `tests/support/sandbox_probe.py` (hostile programs, standard library only) in a real
+process with that identity: `setpriv` for the uid and capabilities, `tests/support/no_userns.py` for the
+seccomp filter."""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from actors.scoring import ScoringPool
+from tests.support.sandbox_probe import sandbox_processes
+from verifiers.sandbox import CONTAINED, UNSAFE
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = "/usr/bin/python3"
+NO_CAP_SYS_ADMIN = ["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]
+NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+@pytest.fixture
+def world():
+    """A folder anyone may read and write (so only the sandbox can stop a write), the probe and sandbox
+    module copied into it, and a listening host port nobody should reach."""
+    d = Path(tempfile.mkdtemp(prefix="brorl-probe-"))
+    os.chmod(d, 0o777)
+    for f in ("verifiers/sandbox.py", "tests/support/sandbox_probe.py", "tests/support/no_userns.py"):
+        shutil.copy(ROOT / f, d / Path(f).name)
+        os.chmod(d / Path(f).name, 0o644)
+    (d / "host").mkdir()
+    os.chmod(d / "host", 0o777)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    yield d, srv.getsockname()[1]
+    srv.close()
+    shutil.rmtree(d, ignore_errors=True)
+    if os.path.exists("/tmp/brorl-probe"):  # written on the host by the UNSAFE mode's run, as it may
+        os.remove("/tmp/brorl-probe")
+
+
+def probe(world, wrap: list[str], **env) -> dict:
+    d, port = world
+    r = subprocess.run([*wrap, PY, str(d / "sandbox_probe.py"), str(d / "sandbox.py"), str(d / "host"), str(port)],
+                       capture_output=True, text=True, timeout=120, env={"PATH": os.environ["PATH"], **env}, cwd=d)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def assert_contained(res: dict) -> None:
+    assert res["isolation"].startswith(CONTAINED), res
+    assert res["sum"] == "6"
+    assert not res["wrote_host_dir"] and not res["wrote_host_tmp"], res
+    assert not res["reached_host_port"], res
+    assert res["forked"] and res["left_alive"] == [], res  # the daemon it forked died with the run
+    assert res["daemon_run_s"] < 3, res  # ... at once: the run did not wait for it
+
+
+def test_root_is_contained_under_a_fresh_uid(world):
+    res = probe(world, [])
+    assert res["uid"] == 0 and res["cap_sys_admin"]
+    assert_contained(res)
+    assert res["isolation"].endswith("own uid")
+
+
+def test_root_without_cap_sys_admin_is_still_contained(world):
+    res = probe(world, NO_CAP_SYS_ADMIN)
+    assert res["uid"] == 0 and not res["cap_sys_admin"]
+    assert_contained(res)
+
+
+def test_an_unprivileged_user_is_contained_too(world):
+    res = probe(world, NOBODY)
+    assert res["uid"] == 65534
+    assert_contained(res)
+
+
+def test_without_namespaces_docker_default_it_refuses_unless_told_unsafe(world):
+    d, _ = world
+    docker_like = [*NO_CAP_SYS_ADMIN, PY, str(d / "no_userns.py")]
+    res = probe(world, docker_like)
+    assert "refused" in res and "user namespaces are denied" in res["refused"], res
+    assert "verifiers.sandbox_unsafe" in res["refused"]
+    unsafe = probe(world, docker_like, BRORL_SANDBOX_UNSAFE="1")
+    assert unsafe["isolation"] == UNSAFE and unsafe["sum"] == "6"  # runs, and says it is uncontained
+    assert unsafe["left_alive"] == []  # as root it still runs under a fresh uid, all of which is killed
+
+
+def test_missing_bubblewrap_refuses_with_the_fix(world):
+    res = probe(world, [], BRORL_BWRAP="/nonexistent/bwrap")
+    assert "refused" in res and "apt-get install bubblewrap" in res["refused"], res
+
+
+async def test_nothing_survives_a_sigkilled_scoring_worker():
+    tmp = tempfile.gettempdir()
+    before = set(os.listdir(tmp))
+    ref = json.dumps({"tests": [{"input": "", "output": "x"}]})
+    prog = "```python\nimport os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\ntime.sleep(600)\n```"
+    pool = ScoringPool(workers=1, timeout_s=60)
+    task = asyncio.create_task(pool.score("verifiers.code", "1", [prog], ref))
+    try:
+        deadline = time.monotonic() + 60
+        while len(sandbox_processes()) < 2 and time.monotonic() < deadline:  # the program and its daemon
+            await asyncio.sleep(0.1)
+        running = set(sandbox_processes())
+        assert len(running) >= 2
+        for pid in list(pool._pool._processes):
+            os.kill(pid, signal.SIGKILL)  # the scoring worker dies mid-run
+        deadline = time.monotonic() + 15
+        while running & set(sandbox_processes()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not running & set(sandbox_processes()), "the killed worker's sandbox outlived it"
+    finally:
+        task.cancel()
+        pool.close()
+    deadline = time.monotonic() + 15
+    while sandbox_processes() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert sandbox_processes() == []
+    assert set(os.listdir(tmp)) - before == set()  # and no folder or file was left on the host

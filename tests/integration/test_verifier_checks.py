@@ -1,0 +1,79 @@
+"""Verifier swaps and start-up self-tests go through `verifiers.check`: the module is imported and
+self-tested in a separate, time-limited process, only if `verifiers.allowed_modules` allows it. A module
+that fails to import, exits or hangs at import, or fails its self-test is rejected with the reason, the
+verifier in force stays, and the process that asked lives on."""
+
+import time
+
+import pytest
+
+from actors.actor import Actor
+from actors.verifier_set import ActorRefused
+from config.loader import load_config
+from transport.zmq_transport import Endpoints
+from verifiers.check import allowed, check
+from verifiers.registry import VerifierLoadError
+
+ALLOW = {"verifiers.allowed_modules": ["verifiers.*", "tests.support.verifier_mods*"],
+         "verifiers.check_timeout_s": 4.0}
+
+
+def _actor(**over):
+    return Actor(load_config("tiny-cpu", {**ALLOW, **over}), "a0", Endpoints())
+
+
+def test_allow_list_matches_modules_not_attributes():
+    pats = ["verifiers.*", "mylab.verifiers.*"]
+    assert allowed("verifiers.math", pats) and allowed("mylab.verifiers.x:THING", pats)
+    assert not allowed("os", pats) and not allowed("mylab.evil", pats) and not allowed("", pats)
+
+
+async def test_bad_swaps_are_rejected_with_the_reason_and_the_previous_verifier_stays():
+    actor = _actor()
+    await actor.checked.self_test()  # the tasks' verifier (synthetic) is checked and adopted
+    assert actor.verifiers.in_force() == {"synthetic": "verifiers.synthetic@1"}
+    cases = {"tests.support.verifier_mods.broken": "self-test 0 failed",
+             "tests.support.verifier_mods.no_such_module": "cannot be imported",
+             "tests.support.verifier_mods": "lacks NAME",
+             "tests.support.verifier_mods.exits_at_import": "exit status 3",
+             "tests.support.verifier_mods.hangs_at_import": "did not finish within 4 s",
+             "os": "not in verifiers.allowed_modules"}
+    for bad, why in cases.items():
+        t0 = time.monotonic()
+        assert await actor.swap_verifier("synthetic", bad) is False, bad
+        assert time.monotonic() - t0 < 10, bad  # a hanging import costs the time limit, no more
+        assert bad in actor.last_error and why in actor.last_error, (bad, actor.last_error)
+        assert actor.verifiers.path("synthetic") == "verifiers.synthetic"
+        assert actor.verifiers.in_force() == {"synthetic": "verifiers.synthetic@1"}
+
+
+async def test_good_swap_replaces_and_is_acknowledged():
+    actor = _actor()
+    assert await actor.swap_verifier("synthetic", "tests.support.verifier_mods.raises") is True
+    assert actor.verifiers.path("synthetic") == "tests.support.verifier_mods.raises"
+    assert actor.verifiers.in_force()["synthetic"] == "tests.support.verifier_mods.raises@raises-1"
+    assert await actor.swap_verifier("extra", "verifiers.math") is True  # a new name is added
+    assert actor.verifiers.path("extra") == "verifiers.math"
+    info = await check("verifiers.math", 60)
+    assert info.reward_range == (0.0, 1.0) and info.name == "math"
+
+
+async def test_an_actor_whose_verifier_fails_its_self_test_refuses_to_start(tmp_path):
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text('{"prompt": "2+2=", "reference": "4", "verifier": "nonexistent"}\n')
+    with pytest.raises(ActorRefused, match="'nonexistent', which is not registered"):
+        await _actor(**{"verifiers.task": f"jsonl:{bad}"}).checked.self_test()
+    with pytest.raises(VerifierLoadError, match="self-test 0 failed"):
+        await check("tests.support.verifier_mods.broken", 30)
+
+
+async def test_actor_admits_only_when_running_unpaused_and_sync_allows():
+    actor = Actor(load_config("tiny-cpu", {"learner.max_staleness": 1}), "a0", Endpoints())
+    assert not actor.may_admit()  # no weights yet
+    actor.sync.on_snapshot(0)
+    assert actor.may_admit()
+    actor.paused = True
+    assert not actor.may_admit()
+    actor.paused = False
+    actor.stopping.set()
+    assert not actor.may_admit()

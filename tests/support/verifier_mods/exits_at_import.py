@@ -1,0 +1,3 @@
+"""Raises SystemExit while it is imported: must be rejected without taking down whoever checks it."""
+
+raise SystemExit(3)
