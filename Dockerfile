@@ -15,7 +15,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     TRANSFORMERS_OFFLINE=1
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev gcc g++ git \
+ && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev gcc g++ git bubblewrap \
  && rm -rf /var/lib/apt/lists/* \
  && python3.12 -m venv /opt/brorl
 ENV PATH=/opt/brorl/bin:$PATH

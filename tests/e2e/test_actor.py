@@ -61,7 +61,9 @@ def start_actor(cfg, tmp_path: Path, learner_url: str, actor_id: str) -> subproc
 def actor_cfg(model_dir: str, n: int, **extra):
     return load_config("tiny-cpu", {"model.path": model_dir, "actor.n_samples": n, "actor.max_tokens": 6,
                                     "actor.prompts_per_request": 2, "verifiers.timeout_s": 2.0,
-                                    "learner.max_staleness": 1, **extra})
+                                    "learner.max_staleness": 1,
+                                    "verifiers.allowed_modules": ["verifiers.*", "tests.support.verifier_mods.*"],
+                                    **extra})
 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]

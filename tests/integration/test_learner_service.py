@@ -225,3 +225,32 @@ async def test_the_only_actor_gone_the_learner_waits_quietly_for_the_next(tiny_m
     await second.kill()
     check_accounting(tmp_path, 5)
     assert second.received_versions and second.received_versions[-1] == 5
+
+
+async def test_a_training_step_that_raises_before_changing_anything_leaves_a_checkpoint(tiny_model_dir, tmp_path):
+    """Whatever raises inside a step before its first optimizer update (here: the log-prob pass) stops the
+    learner with the error — after a checkpoint of the state it was in, so nothing is lost."""
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = job(tiny_model_dir, tmp_path, steps=6, **{"learner.checkpoint_interval": 100})
+    svc = LearnerService(cfg)
+    real = svc.trainer._logp
+
+    def logp(*a, **k):
+        if svc.trainer.state.step == 2:
+            raise RuntimeError("device-side assert (simulated)")
+        return real(*a, **k)
+
+    svc.trainer._logp = logp
+    actor = FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, seed=4)
+    service = asyncio.create_task(svc.run())
+    await actor.start()
+    try:
+        with pytest.raises(RuntimeError) as err:
+            await asyncio.wait_for(service, 60)
+        assert "device-side assert" in str(err.value.__cause__)
+    finally:
+        await actor.kill()
+    saved = load_file(str(tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors"))
+    assert all(torch.equal(saved[k], v) for k, v in svc.trainer.model.state_dict().items() if k in saved)

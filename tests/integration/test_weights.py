@@ -9,6 +9,7 @@ import torch
 
 from transport.weights import (
     free_port,
+    open_group,
     WeightBroadcaster,
     WeightSyncError,
     bucket_checksum,
@@ -104,3 +105,16 @@ async def test_dead_receiver_is_an_error_not_a_hang():
     assert time.monotonic() - t < 15
     with pytest.raises(WeightSyncError, match="no weight group"):
         await bc.broadcast()
+
+
+def test_the_rendezvous_store_listens_on_the_configured_host_only():
+    """TCPStore on its own listens on every interface; the learner's store listens on `transport.host`."""
+    import psutil
+
+    port = free_port()
+    pg, store = open_group("127.0.0.1", port, 0, 1, "listen-check", 5)
+    try:
+        listening = [c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port]
+        assert listening == ["127.0.0.1"], listening
+    finally:
+        del pg, store
