@@ -111,17 +111,16 @@ async def test_dynamic_sampling_backfills_until_b_kept_groups(tiny_model_dir, tm
 async def test_stale_groups_are_dropped_and_their_prompts_regranted(tiny_model_dir, tmp_path):
     """An actor that stamps its groups 2 versions older than it holds exceeds max_staleness = 1 from step 2
     on: each such group is dropped at admission, counted, and its prompt goes back to the queue and is
-    trained from the honest actor's group."""
-    cfg = job(tiny_model_dir, tmp_path, steps=6)
+    trained from a later grant (which actor gets it is a matter of who asks first)."""
+    cfg = job(tiny_model_dir, tmp_path, steps=10)
     ep = LearnerService.endpoints_of(cfg)
     actors = [FakeActor(ep, "honest", n_samples=N, seed=1), FakeActor(ep, "stale", n_samples=N, seed=2, stale_by=2)]
     await run_job(cfg, actors)
     rows = read(tmp_path / "metrics.jsonl")
     assert sum(r["drop_stale"] for r in rows) > 0
-    trained, granted = check_accounting(tmp_path, 6)
-    regranted = [pid for pid in trained if granted[pid][0] == "stale"]
+    trained, granted = check_accounting(tmp_path, 10)
+    regranted = [pid for pid in trained if len(granted[pid]) > 1 and granted[pid][0] == "stale"]
     assert regranted, "no prompt first granted to the stale actor was trained after being re-granted"
-    assert all("honest" in granted[pid] for pid in regranted)
 
 
 async def test_dead_actor_is_regrouped_out_and_training_goes_on(tiny_model_dir, tmp_path):
