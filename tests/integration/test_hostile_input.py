@@ -13,8 +13,6 @@ import time
 
 import numpy as np
 import psutil
-import zmq
-import zmq.asyncio
 
 from learner.ledger import account, check
 from learner.metrics import read
