@@ -9,7 +9,7 @@ and state, weight group, receive; `may_admit`), `EngineSupervisor` (engine creat
 send). A dead engine is rebuilt in place; a restarted learner (a new epoch) is rejoined: the actor drops
 what belonged to the old one and waits for the new one's weights. If a background task dies the actor
 stops with its error. SIGTERM drains: no new work, in-flight groups finish and are acknowledged (bounded),
-then engine and verifier pool shut down.
+then engine and verifier pool shut down (before the learner answered the first hello: at once).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from actors.pipeline import GroupPipeline
 from actors.scoring import ScoringPool
 from actors.stats import ActorStats, EngineLoad
 from actors.supervisor import EngineSupervisor
-from actors.tasks import TaskSet
+from actors.tasks import TaskSet, unless
 from actors.verifier_set import ActorVerifiers
 from actors.weight_sync import WeightSync
 from config.schema import BrorlConfig
@@ -38,9 +38,7 @@ log = logging.getLogger("brorl.actor")
 
 class Actor:
     def __init__(self, cfg: BrorlConfig, actor_id: str, endpoints: Endpoints):
-        self.cfg = cfg
-        self.actor_id = actor_id
-        self.endpoints = endpoints
+        self.cfg, self.actor_id, self.endpoints = cfg, actor_id, endpoints
         self.capacity = cfg.actor.prompts_per_request * 2
         self.paused = False
         self.stopping = asyncio.Event()
@@ -73,7 +71,9 @@ class Actor:
         self.sockets = ActorSockets(self.endpoints, self.actor_id, Security(t.curve, t.keys_dir),
                                     t.high_water_mark, max_unacked=64, resend_after_s=10.0)
         try:
-            await asyncio.gather(*self.apply_snapshot(await self.sockets.sync(self.sync.version, timeout_s=120)))
+            if (snap := await unless(self.stopping, self.sockets.sync(self.sync.version, timeout_s=120))) is None:
+                return 0
+            await asyncio.gather(*self.apply_snapshot(snap))
             self.load.start_clock()  # the idle clock starts with the job
             for name in ("inbox", "control", "work", "weights", "heartbeat"):
                 self.tasks.spawn(getattr(self, f"_{name}_loop")(), name)

@@ -15,6 +15,8 @@ import concurrent.futures as cf
 import multiprocessing as mp
 from dataclasses import dataclass
 
+import psutil
+
 from verifiers.base import VerifierResult
 
 _CACHE: dict[str, object] = {}
@@ -55,13 +57,24 @@ class ScoringPool:
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
 
+    def _kill_workers(self) -> None:
+        """SIGKILL every worker and everything it started (a sandbox still being set up, or a process a
+        verifier spawned): nothing is left orphaned to init."""
+        for pid in list(getattr(self._pool, "_processes", None) or {}):
+            try:
+                tree = psutil.Process(pid)
+                tree = [tree, *tree.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for proc in tree:  # the worker first: it can start nothing more
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+
     def _restart(self) -> None:
         old = self._pool
-        for p in list((getattr(old, "_processes", None) or {}).values()):
-            try:
-                p.kill()
-            except Exception:
-                pass
+        self._kill_workers()
         old.shutdown(wait=False, cancel_futures=True)
         self._pool = self._new_pool()
         self.restarts += 1
@@ -112,7 +125,5 @@ class ScoringPool:
         return [s for s in out if s is not None]
 
     def close(self) -> None:
-        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        self._kill_workers()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
-            p.kill()

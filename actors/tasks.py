@@ -29,3 +29,15 @@ class TaskSet:
     def cancel_all(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+
+
+async def unless(stop: asyncio.Event, coro):
+    """`await coro`, unless `stop` is set first: then it is cancelled and None returned."""
+    work, stopped = asyncio.ensure_future(coro), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([work, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not work.done():
+            work.cancel()
+    return work.result() if work.done() and not work.cancelled() else None

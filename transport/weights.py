@@ -153,6 +153,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive TCP ports all free on `host` right now (a job's work, rollout and
+    control ports: the last two are the first + 1 and + 2 by default, and any of them may be taken)."""
+    import socket
+
+    for _ in range(100):
+        base, held = free_port(host), []
+        try:
+            for p in range(base, base + count):
+                held.append(s := socket.socket())
+                s.bind((host, p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise OSError(f"no {count} consecutive free ports on {host}")
+
+
 def open_group(host: str, port: int, rank: int, world_size: int, group_name: str, timeout_s: float,
                backend: str = "gloo"):
     """A process group of its own (not the default one): TCPStore rendezvous + gloo (or NCCL). Rank 0's

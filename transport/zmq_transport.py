@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -269,30 +270,56 @@ class ActorSockets:
         return wire.Hello(self.actor_id, version, token or uuid.uuid4().hex, self.incarnation)
 
     async def sync(self, version: int, timeout_s: float = 30.0) -> wire.Snapshot:
-        """Start-up barrier: returns once the SUB socket provably receives (our sync token came back on it)
-        and with the control state as of that moment; later control messages all arrive on SUB."""
+        """Start-up barrier: returns once the SUB socket provably receives (a sync token of ours came back on
+        it) and with the control state as of a snapshot no older than that token; control messages after
+        the snapshot (those heard while waiting included) all come out of `control.recv`.
+
+        A SUB socket misses what is published before its subscription reaches the learner (the slow
+        joiner), so hellos are repeated — soon at first, then every 0.5 s. Any of our tokens counts and the
+        newest snapshot is kept: a learner slower to answer than the repeat interval is still synced."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            token = uuid.uuid4().hex
-            await self.work.send(self.hello(version, token))
-            snap: wire.Snapshot | None = None
-            t_end = min(deadline, time.monotonic() + 0.5)
-            while time.monotonic() < t_end:
-                try:
-                    if snap is None:
-                        msg = await self.work.recv(timeout_s=max(0.01, t_end - time.monotonic()))
-                        if isinstance(msg, wire.Snapshot):
-                            snap = msg
-                        else:
-                            self.work.backlog.append(msg)
-                        continue
-                    ctl = await self.control.recv(timeout_s=max(0.01, t_end - time.monotonic()))
-                except asyncio.TimeoutError:
-                    break
-                if ctl.kind == "sync_ack" and ctl.payload.get("token") == token:
-                    self.control.adopt(snap)
-                    return snap
+        tokens: set[str] = set()
+        snap: wire.Snapshot | None = None
+        acked: dict[str, int] = {}  # learner epoch -> lowest seq of a sync_ack carrying one of our tokens
+        heard: list[wire.Control] = []
+        poller = zmq.asyncio.Poller()
+        poller.register(self.work.sock, zmq.POLLIN)
+        poller.register(self.control.sock, zmq.POLLIN)
+        next_hello, every = 0.0, 0.05
+        while (now := time.monotonic()) < deadline:
+            if now >= next_hello:
+                token = uuid.uuid4().hex
+                tokens.add(token)
+                await self.work.send(self.hello(version, token))
+                next_hello, every = now + every, min(0.5, every * 2)
+            wait = max(0.0, min(next_hello, deadline) - time.monotonic())
+            ready = dict(await poller.poll(wait * 1000))
+            if self.work.sock in ready:
+                msg = self.work.decode(frames) if (frames := await _take(self.work.sock)) else None
+                if isinstance(msg, wire.Snapshot):
+                    if snap is None or msg.epoch != snap.epoch or msg.control_seq >= snap.control_seq:
+                        snap = msg
+                elif msg is not None:
+                    self.work.backlog.append(msg)
+            if self.control.sock in ready:
+                ctl = self.control.decode(frames) if (frames := await _take(self.control.sock)) else None
+                if ctl is not None and ctl.kind == "sync_ack" and ctl.payload.get("token") in tokens:
+                    acked[ctl.epoch] = min(acked.get(ctl.epoch, ctl.seq), ctl.seq)
+                elif ctl is not None:
+                    heard.append(ctl)
+            if snap is not None and acked.get(snap.epoch, math.inf) <= snap.control_seq + 1:
+                self.control.adopt(snap)
+                self.control.backlog = sorted((m for m in heard if m.epoch == snap.epoch), key=lambda m: m.seq)
+                return snap
         raise TimeoutError(f"actor {self.actor_id}: no control-channel barrier within {timeout_s} s")
+
+
+async def _take(sock: zmq.asyncio.Socket) -> list:
+    """The frames of a message the poller said is there ([]: it was not, after all)."""
+    try:
+        return await _recv_frames(sock, 0.05)
+    except asyncio.TimeoutError:
+        return []
 
 
 class WorkClient:
@@ -314,15 +341,20 @@ class WorkClient:
     async def send(self, msg: Any) -> None:
         await self.sock.send_multipart(wire.encode(msg))
 
+    def decode(self, frames: list) -> Any:
+        """The message, or None (counted in `rejects`) if the frames are not one."""
+        try:
+            return wire.decode(frames)
+        except wire.WireError as e:
+            self.rejects.add(e)
+            return None
+
     async def recv(self, timeout_s: float | None = None) -> Any:
         if self.backlog:
             return self.backlog.pop(0)
-        while True:
-            frames = await _recv_frames(self.sock, timeout_s)
-            try:
-                return wire.decode(frames)
-            except wire.WireError as e:
-                self.rejects.add(e)
+        while (msg := self.decode(await _recv_frames(self.sock, timeout_s))) is None:
+            pass
+        return msg
 
 
 class RolloutSender:
@@ -405,27 +437,42 @@ class ControlSubscriber:
         self.last_seq = 0
         self.epoch = ""  # the learner epoch of the last applied message (set by the start-up barrier)
         self.rejects = _Rejects("control SUB")
+        self.backlog: list[wire.Control] = []
 
     def adopt(self, snap: wire.Snapshot) -> None:
         """A snapshot (through the work socket) is the control state up to its seq, of its epoch."""
         self.last_seq = max(self.last_seq, snap.control_seq) if snap.epoch == self.epoch else snap.control_seq
         self.epoch = snap.epoch
 
+    def decode(self, frames: list) -> wire.Control | None:
+        """The control message, or None (counted in `rejects`) if the frames are not one."""
+        try:
+            msg = wire.decode(frames)
+            if not isinstance(msg, wire.Control):
+                raise wire.WireError(f"expected control, got {type(msg).__name__}")
+        except wire.WireError as e:
+            self.rejects.add(e)
+            return None
+        return msg
+
+    def _fresh(self, msg: wire.Control | None) -> bool:
+        """Is `msg` one to apply (and if so, count it as applied)?"""
+        if msg is None:
+            return False
+        if msg.kind == "sync_ack":
+            return True
+        if msg.epoch != self.epoch:  # a new learner process: its seq starts again
+            self.epoch, self.last_seq = msg.epoch, msg.seq
+            return True
+        if msg.seq > self.last_seq:
+            self.last_seq = msg.seq
+            return True
+        return False
+
     async def recv(self, timeout_s: float | None = None) -> wire.Control:
+        while self.backlog:  # heard during the start-up barrier
+            if self._fresh(msg := self.backlog.pop(0)):
+                return msg
         while True:
-            frames = await _recv_frames(self.sock, timeout_s)
-            try:
-                msg = wire.decode(frames)
-                if not isinstance(msg, wire.Control):
-                    raise wire.WireError(f"expected control, got {type(msg).__name__}")
-            except wire.WireError as e:
-                self.rejects.add(e)
-                continue
-            if msg.kind == "sync_ack":
-                return msg
-            if msg.epoch != self.epoch:  # a new learner process: its seq starts again
-                self.epoch, self.last_seq = msg.epoch, msg.seq
-                return msg
-            if msg.seq > self.last_seq:
-                self.last_seq = msg.seq
+            if self._fresh(msg := self.decode(await _recv_frames(self.sock, timeout_s))):
                 return msg

@@ -18,7 +18,7 @@ from cli.launcher import Launcher
 from config.loader import load_config, to_toml
 from learner.metrics import read
 from learner.ledger import account, check
-from transport.weights import free_port
+from transport.weights import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -26,7 +26,7 @@ HEARTBEAT_S = 3.0
 
 
 def job(model_dir: str, run_dir: Path, steps: int, actors: int = 1, **over):
-    port = free_port()
+    port = free_ports(3)
     return load_config("tiny-cpu", {
         "model.path": model_dir, "run.run_dir": str(run_dir), "learner.steps": steps, "run.eval_interval": 0,
         "learner.checkpoint_interval": 2, "learner.prompts_per_step": 4, "actor.n_samples": 8,

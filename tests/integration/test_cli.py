@@ -62,13 +62,13 @@ def test_a_code_job_where_the_sandbox_cannot_contain_refuses_to_start(tiny_model
     import json
     import os
 
-    from transport.weights import free_port
+    from transport.weights import free_ports
 
     tasks = tmp_path / "code.jsonl"
     ref = {"tests": [{"input": "2\n", "output": "4"}]}
     tasks.write_text("".join(json.dumps({"prompt": f"Double it ({i}):", "reference": ref, "verifier": "code",
                                          "id": f"c{i}"}) + "\n" for i in range(20)))
-    port = free_port()
+    port = free_ports(3)
     r = brorl("run", "--no-eval", "--model.path", tiny_model_dir, "--run.run_dir", str(tmp_path / "run"),
               "--verifiers.task", f"jsonl:{tasks}", "--learner.steps", "2", "--transport.work_port", str(port),
               "--transport.rollout_port", str(port + 1), "--transport.control_port", str(port + 2),

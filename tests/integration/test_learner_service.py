@@ -15,13 +15,13 @@ from config.loader import load_config
 from learner.metrics import read
 from learner.service import LearnerService
 from tests.support.fake_actor import FakeActor
-from transport.weights import free_port
+from transport.weights import free_ports
 
 N, B = 4, 2
 
 
 def job(model_dir: str, run_dir: Path, steps: int = 4, **over):
-    port = free_port()
+    port = free_ports(3)
     return load_config("tiny-cpu", {
         "model.path": model_dir, "run.run_dir": str(run_dir), "run.eval_interval": 0, "learner.steps": steps,
         "learner.prompts_per_step": B, "actor.n_samples": N, "learner.max_staleness": 1,
@@ -34,8 +34,17 @@ async def run_job(cfg, actors, during=None, timeout_s=120.0) -> LearnerService:
     svc = LearnerService(cfg)
     service = asyncio.create_task(svc.run(), name="service")
     try:
+        # every actor is up (alive to the learner) before any works, so all of them are in the weight group
+        # from step 1: hellos are no sign of life, and one actor alone trains a job of a few steps in a second
         for a in actors:
-            await a.start()
+            a.may_work.clear()
+        await asyncio.gather(*(a.start() for a in actors))
+        deadline = time.monotonic() + 30
+        while set(svc.members.alive()) != {a.actor_id for a in actors}:
+            assert time.monotonic() < deadline, f"actors alive: {svc.members.alive()}"
+            await asyncio.sleep(0.02)
+        for a in actors:
+            a.may_work.set()
         if during is not None:
             await during(svc)
         assert await asyncio.wait_for(service, timeout_s) == 0

@@ -129,3 +129,27 @@ async def test_nothing_survives_a_sigkilled_scoring_worker():
         await asyncio.sleep(0.05)
     assert sandbox_processes() == []
     assert set(os.listdir(tmp)) - before == set()  # and no folder or file was left on the host
+
+
+async def test_a_hung_verifiers_own_processes_die_with_its_worker():
+    """A verifier that starts a process and hangs: the timeout restarts the pool, and the process it started
+    goes with its worker (it is not left to init)."""
+    import psutil
+
+    from tests.support.verifier_mods._misbehave import CHILD_SLEEP_S
+
+    def children():
+        return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", CHILD_SLEEP_S]]
+
+    pool = ScoringPool(workers=1, timeout_s=3)
+    try:
+        scored = await pool.score("tests.support.verifier_mods.hangs_with_a_child", "1", ["x"], "y")
+        assert [s.result.reason for s in scored] == ["timeout"] and pool.restarts == 1
+        deadline = time.monotonic() + 10
+        while children() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert children() == [], "the hung verifier's process outlived its worker"
+    finally:
+        pool.close()
+        for p in children():
+            p.kill()

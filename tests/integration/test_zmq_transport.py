@@ -57,6 +57,61 @@ async def test_barrier_snapshot_and_control_order():
         ls.close()
 
 
+async def test_barrier_holds_with_a_learner_slower_than_the_hello_repeat():
+    """Every hello is answered 1 s late (longer than the actor waits before repeating it): the barrier
+    still completes, on whichever of its tokens comes back, with the newest snapshot."""
+    ls = LearnerSockets(EP)
+    answered = []
+
+    async def slow_learner():
+        async def answer(ident, msg):
+            await asyncio.sleep(1.0)
+            await ls.answer_hello(ident, msg)
+            answered.append(msg.sync_token)
+        while True:
+            ident, msg = await ls.work.recv()
+            if isinstance(msg, wire.Hello):
+                asyncio.create_task(answer(ident, msg))
+    server = asyncio.create_task(slow_learner())
+    try:
+        await ls.control.publish("version", version=2)
+        actor = ActorSockets(ls.endpoints, "a0")
+        snap = await actor.sync(version=-1, timeout_s=10)
+        assert snap.version == 2 and len(answered) >= 1
+        assert snap.control_seq >= 1 and actor.control.last_seq == snap.control_seq
+        actor.close()
+    finally:
+        server.cancel()
+        ls.close()
+
+
+async def test_control_heard_during_the_barrier_after_its_snapshot_is_delivered():
+    """The learner's sync_ack and a version message reach the actor before the snapshot does (the
+    snapshot names the state before both): the version message is not lost in the barrier — the actor's
+    first control message after it is that version."""
+    ls = LearnerSockets(EP)
+    actor = ActorSockets(ls.endpoints, "a0")
+    try:
+        await asyncio.sleep(1.0)  # the SUB subscription has reached the PUB (no slow joiner)
+
+        async def out_of_order_learner():
+            ident, hello = await ls.work.recv()
+            before = ls.control.snapshot()
+            await ls.control.publish("sync_ack", token=hello.sync_token)
+            await ls.control.publish("version", version=7)
+            await asyncio.sleep(0.3)
+            await ls.work.send(ident, before)
+        server = asyncio.create_task(out_of_order_learner())
+        snap = await actor.sync(version=-1, timeout_s=10)
+        assert snap.version == 0
+        msg = await actor.control.recv(timeout_s=2)
+        assert (msg.kind, msg.payload) == ("version", {"version": 7})
+        await server
+    finally:
+        actor.close()
+        ls.close()
+
+
 async def test_groups_exactly_once_across_reconnect():
     ls = LearnerSockets(EP)
     received = []

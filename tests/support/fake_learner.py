@@ -7,14 +7,14 @@ import asyncio
 import torch
 
 from transport import wire
-from transport.weights import WeightBroadcaster, free_port
+from transport.weights import WeightBroadcaster, free_port, free_ports
 from transport.zmq_transport import Endpoints, LearnerSockets
 from verifiers import synthetic
 
 
 class FakeLearner:
     def __init__(self, model: torch.nn.Module):
-        base = free_port()  # actors derive the rollout and control ports from the work port (+1, +2)
+        base = free_ports(3)  # actors derive the rollout and control ports from the work port (+1, +2)
         self.sockets = LearnerSockets(Endpoints("127.0.0.1", base, base + 1, base + 2))
         self.ep = self.sockets.endpoints
         self.model = model

@@ -2,9 +2,12 @@
 
 import multiprocessing
 import os
+import subprocess
 import time
 
 from verifiers import synthetic
+
+CHILD_SLEEP_S = "3599.5"
 
 
 def make(kind: str):
@@ -13,6 +16,9 @@ def make(kind: str):
             if kind == "raises":
                 raise RuntimeError("verifier exploded")
             if kind == "hangs":
+                time.sleep(3600)
+            if kind == "hangs_with_a_child":  # a process of its own, marked by its odd argument
+                subprocess.Popen(["sleep", CHILD_SLEEP_S])
                 time.sleep(3600)
             if kind == "crashes":
                 os._exit(13)
