@@ -73,9 +73,7 @@ class LearnerService:
                      self.version, self.dispatcher.cursor)
         a = cfg.actor
         self.sockets = LearnerSockets(self.endpoints_of(cfg), Security(t.curve, t.keys_dir), t.high_water_mark,
-                                      wire.max_frame_bytes(a.n_samples, a.max_tokens, a.max_model_len),
-                                      (0.0, 0.0))  # ZMTP heartbeats off: with them on, actors intermittently
-        # lost their start-up barrier in tests (not understood yet); liveness is the actors' own heartbeat
+                                      wire.max_frame_bytes(a.n_samples, a.max_tokens, a.max_model_len))
         self.sockets.control.version = self.version
         self.desk = AdminDesk(cfg, self.sockets.control,
                               lambda: f"step {self.version}, version {self.version}, actors {self.members.alive()}")

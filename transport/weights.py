@@ -198,8 +198,33 @@ def open_group(host: str, port: int, rank: int, world_size: int, group_name: str
     return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts), store
 
 
-def broadcast_bucket(pg, flat: torch.Tensor) -> None:
-    pg.broadcast([flat]).wait()
+def broadcast_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset()) -> set[int]:
+    """One bucket from rank 0 to every other rank of `pg`; rank 0 gets back the ranks it could not reach.
+
+    NCCL (`flat` on a GPU): one collective broadcast — the fastest path, and a dead rank breaks an NCCL
+    communicator whatever the pattern. gloo: rank 0 sends the bucket to each receiver point to point, so a
+    receiver that died fails only its own transfer and every other receiver still gets the whole update
+    (in a tree broadcast the survivors would wait inside their receive, up to the timeout, for a forwarder
+    that is gone). `skip`: ranks that failed an earlier bucket of this update (not sent to again)."""
+    if flat.is_cuda:
+        pg.broadcast([flat]).wait()
+        return set()
+    if pg.rank() != 0:
+        pg.recv([flat], 0, 0).wait()
+        return set()
+    failed, works = set(), {}
+    for dst in range(1, pg.size()):
+        if dst not in skip:
+            try:
+                works[dst] = pg.send([flat], dst, 0)
+            except Exception:
+                failed.add(dst)
+    for dst, work in works.items():
+        try:
+            work.wait()
+        except Exception:
+            failed.add(dst)
+    return failed
 
 
 class WeightBroadcaster:
@@ -245,11 +270,14 @@ class WeightBroadcaster:
         sums = []
         device = tensors[0].device if self.backend == "nccl" else torch.device("cpu")
         split = {"pack_s": 0.0, "comm_s": 0.0, "checksum_s": 0.0}
+        failed: set[int] = set()
         for a, b, n in self.plan.buckets:
             t0 = time.perf_counter()
             flat = pack_bucket(tensors[a:b], n, device)
             t1 = time.perf_counter()
-            broadcast_bucket(self.pg, flat)
+            failed |= broadcast_bucket(self.pg, flat, failed)
+            if failed and len(failed) == self.world_size - 1:
+                break  # nobody left to send to
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t2 = time.perf_counter()
@@ -258,6 +286,9 @@ class WeightBroadcaster:
             split["comm_s"] += t2 - t1
             split["checksum_s"] += time.perf_counter() - t2
         self.last_split = split
+        if failed:  # the others received all of it; these did not
+            raise WeightSyncError(f"receivers at ranks {sorted(failed)} of {self.world_size - 1} failed; the "
+                                  f"others received the whole update")
         return combine_checksums(sums)
 
     async def broadcast(self) -> str:

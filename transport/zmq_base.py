@@ -16,6 +16,9 @@ from transport import wire
 
 log = logging.getLogger("brorl.transport")
 HEADER_FRAME = wire.MAX_HEADER_BYTES + 4096  # frames of header-only messages (all but groups)
+# ZMTP heartbeats (seconds): a PING every 10 s; a TCP peer that has not answered for 60 s (a host that
+# vanished without closing its connections, a partition) is disconnected, and its state in libzmq freed
+ZMTP_HEARTBEAT = (10.0, 60.0)
 
 
 @dataclass

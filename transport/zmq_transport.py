@@ -43,8 +43,8 @@ import zmq
 import zmq.asyncio
 
 from transport import security, wire
-from transport.zmq_base import (HEADER_FRAME, Endpoints, Limits, Peer, Security, _bind, _recv_frames, _Rejects,
-                                _tune)
+from transport.zmq_base import (HEADER_FRAME, ZMTP_HEARTBEAT, Endpoints, Limits, Peer, Security, _bind, _recv_frames,
+                                _Rejects, _tune)
 
 __all__ = ["Endpoints", "Limits", "Peer", "Security", "LearnerSockets", "ActorSockets", "MAX_SENDERS"]
 
@@ -58,7 +58,7 @@ class LearnerSockets:
     only); `heartbeat` = (interval, timeout) seconds of ZMTP heartbeats (0: off)."""
 
     def __init__(self, ep: Endpoints, sec: Security = Security(), hwm: int = 64, max_frame: int = -1,
-                 heartbeat: tuple[float, float] = (0.0, 0.0)):
+                 heartbeat: tuple[float, float] = ZMTP_HEARTBEAT):
         self.ctx = zmq.asyncio.Context()
         self.auth = security.start_authenticator(self.ctx, sec.keys_dir) if sec.curve else None
         headers = Limits(hwm, HEADER_FRAME, *heartbeat)
@@ -251,7 +251,7 @@ class ControlPublisher:
 class ActorSockets:
     def __init__(self, ep: Endpoints, actor_id: str, sec: Security = Security(), hwm: int = 64,
                  max_unacked: int = 64, resend_after_s: float = 10.0, incarnation: str | None = None,
-                 heartbeat: tuple[float, float] = (0.0, 0.0)):
+                 heartbeat: tuple[float, float] = ZMTP_HEARTBEAT):
         self.ctx = zmq.asyncio.Context()
         self.actor_id = actor_id
         self.incarnation = incarnation or uuid.uuid4().hex[:12]  # this process: in every hello and group id

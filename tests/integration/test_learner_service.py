@@ -92,8 +92,8 @@ async def test_two_actors_train_and_receive_every_version(tiny_model_dir, tmp_pa
     actors = [FakeActor(ep, f"a{i}", n_samples=N, seed=i) for i in range(2)]
     svc = await run_job(cfg, actors)
     rows = read(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["version"] == r["step"] for r in rows)
-    assert all(r["groups"] == B for r in rows)  # each step trained B kept groups
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["version"] == r["step"] for r in rows), rows
+    assert all(r["groups"] == B for r in rows), rows  # each step trained B kept groups
     check_accounting(tmp_path, 4)
     for a in actors:  # both were in the weight group and loaded every version, checksummed
         assert a.received_versions == [1, 2, 3, 4], (a.actor_id, a.received_versions)

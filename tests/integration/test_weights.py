@@ -108,6 +108,28 @@ async def test_dead_receiver_is_an_error_not_a_hang():
         await bc.broadcast()
 
 
+async def test_a_receiver_killed_mid_update_costs_only_itself():
+    """gloo sends each receiver its own copy: one dying after the first bucket fails only its transfer — the
+    broadcaster names it at once, and the other receiver still gets the whole update (in a tree broadcast it
+    could wait for the dead forwarder until the timeout)."""
+    params = toy_params()
+    bc = WeightBroadcaster(lambda: params.items(), bucket_mb=0.001, timeout_s=60)
+    assert len(bc.plan.buckets) >= 3
+    info, offs = bc.rendezvous_info(free_port(), [1, 1])
+    good = _peer(info["master_port"], offs[0], 3, info["group_name"], bc.plan, 1)
+    dying = _peer(info["master_port"], offs[1], 3, info["group_name"], bc.plan, 1, "die_mid_update")
+    await bc.open(info)
+    t = time.monotonic()
+    with pytest.raises(WeightSyncError, match=r"ranks \[2\] of 2 failed; the others received the whole update"):
+        await bc.broadcast()
+    assert time.monotonic() - t < 20  # not the 60 s timeout
+    out = good.communicate(timeout=30)[0]
+    bc2 = WeightBroadcaster(lambda: params.items(), bucket_mb=0.001)
+    expected = weights_checksum(params.items(), bc2.plan)
+    assert f"checksum {expected}" in out
+    assert dying.wait(timeout=30) == -9
+
+
 def test_the_rendezvous_store_listens_on_the_configured_host_only():
     """TCPStore on its own listens on every interface; the learner's store listens on `transport.host`."""
     import psutil

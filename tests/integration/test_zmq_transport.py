@@ -263,3 +263,36 @@ async def test_fuzzing_every_bound_socket_while_valid_traffic_flows():
     finally:
         server.cancel()
         ls.close()
+
+
+async def test_zmtp_heartbeats_drop_a_peer_that_stopped_answering():
+    """A peer whose process is frozen (as a vanished host looks: no FIN, no answer) is disconnected by the
+    learner's sockets once its heartbeat timeout passes; one that answers stays connected."""
+    import signal
+
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    ls = LearnerSockets(EP, heartbeat=(0.2, 1.0))
+    monitor = ls.work.sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    peer_code = ("import sys, time, zmq\nc = zmq.Context()\ns = c.socket(zmq.DEALER)\n"
+                 "s.connect(sys.argv[1])\ns.send(b'x')\nprint('up', flush=True)\ntime.sleep(600)\n")
+    peer = await asyncio.create_subprocess_exec(sys.executable, "-c", peer_code, ls.endpoints.url(ls.endpoints.work_port),
+                                                stdout=asyncio.subprocess.PIPE)
+    try:
+        assert (await asyncio.wait_for(peer.stdout.readline(), 30)).strip() == b"up"
+
+        async def next_event(timeout_s):
+            return (await asyncio.wait_for(recv_monitor_message(monitor), timeout_s))["event"]
+
+        assert await next_event(10) == zmq.EVENT_ACCEPTED
+        with pytest.raises(asyncio.TimeoutError):  # answering PINGs: kept for longer than the timeout
+            await next_event(2.5)
+        peer.send_signal(signal.SIGSTOP)
+        assert await next_event(5) == zmq.EVENT_DISCONNECTED
+    finally:
+        peer.kill()
+        await peer.wait()
+        ls.work.sock.disable_monitor()
+        monitor.close(linger=0)
+        ls.close()
