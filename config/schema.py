@@ -26,9 +26,11 @@ class ModelConfig(_Section):
     """Hugging Face folder of the policy (config, tokenizer, safetensors). Relative paths are taken
     from the working directory. `brorl make-tiny-model` writes the default one."""
 
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter and activation dtype for both learner and actors. float32 on CPU; the paper's runs use
-    bfloat16 on GPUs."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """The actors' dtype and the learner's compute dtype (its forward and backward passes run under
+    autocast in it; its parameters and AdamW state stay float32 master weights, checkpointed as float32,
+    and are sent to the actors in this dtype). float32 on CPU; the paper's runs use bfloat16 on GPUs.
+    float16 is not offered: it would need loss scaling."""
 
     tiny_seed: int = 0
     """Seed for `brorl make-tiny-model` (tokenizer corpus and initial weights)."""
@@ -48,7 +50,9 @@ class ActorConfig(_Section):
     """Sampling temperature. Paper (training): 1.0; evaluation: 0.6."""
 
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass. Training: 1.0 (so the behaviour log-probs equal the policy's); eval 0.95."""
+    """Nucleus sampling mass of the actors' rollouts: must be 1.0 (below it μ is the nucleus-renormalised
+    distribution while the learner's π_old is the full softmax, which biases every importance weight).
+    Evaluation samples with its own top_p (0.95)."""
 
     max_tokens: int = Field(16, ge=1)
     """Maximum completion length, tokens. Paper: 16,384 context."""
@@ -129,6 +133,16 @@ class LearnerConfig(_Section):
 
     grad_clip: float = Field(1.0, gt=0.0)
     """Global gradient-norm clip."""
+
+    micro_batch_tokens: int = Field(0, ge=0)
+    """Token budget of one forward/backward pass: a rank's part of each mini-batch is sorted by length and
+    cut into micro-batches of at most this many padded tokens (rows × longest prompt + completion; a
+    longer single sample goes alone); their gradients accumulate into one optimizer step whose loss is
+    exactly the whole mini-batch's. 0: each mini-batch in one pass."""
+
+    activation_checkpointing: bool = False
+    """Recompute the decoder layers' activations in backward instead of keeping them (less memory, about
+    a third more compute)."""
 
     logprob_chunk_mb: float = Field(256.0, gt=0.0)
     """MiB of float32 logits materialised at once when computing log-probs: response tokens go
@@ -331,6 +345,12 @@ class BrorlConfig(_Section):
             raise ValueError(
                 f"transport.heartbeat_timeout_s ({tr.heartbeat_timeout_s}) must be at least twice "
                 f"transport.heartbeat_interval_s ({tr.heartbeat_interval_s}): one late heartbeat must not evict"
+            )
+        if act.top_p < 1.0:
+            raise ValueError(
+                f"actor.top_p ({act.top_p}) must be 1.0 for training: with nucleus sampling the behaviour "
+                "log-probs are of the renormalised nucleus while the learner's π_old is the full softmax, so "
+                "the truncated importance weights would be biased"
             )
         if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
             raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")

@@ -78,6 +78,10 @@ def scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
     return base_lr * math.sqrt(batch / base_batch)
 
 
+KL_LOG_RATIO_MAX = 20.0  # |log π_ref/πθ| beyond this is clipped before exp() in the k3 term
+KL_TOKEN_MAX = 10.0  # and each token's k3 value is capped here (as verl's low_var_kl)
+
+
 def _check_token_tensor(name: str, t: torch.Tensor, shape: torch.Size, mask: torch.Tensor) -> None:
     if t.shape != shape:
         raise ValueError(f"{name} must have shape {tuple(shape)} like logp, got {tuple(t.shape)}")
@@ -113,7 +117,8 @@ def policy_loss(
     Per token:  r_t = exp(logp − old_logp)
                 w_t = min(exp(old_logp − behav_logp), tis_cap)          (detached)
                 ℓ_t = −w_t · min(r_t Â, clip(r_t, 1 − eps_low, 1 + eps_high) Â)
-                      + kl_coef · (exp(ref − logp) − (ref − logp) − 1)  (k3)
+                      + kl_coef · min(exp(d) − d − 1, 10),  d = clip(ref − logp, ±20)  (k3, clamped:
+                        one token the policy has moved far from the reference cannot swamp the loss)
     Aggregation: "token-mean" = Σ ℓ_t / #tokens over the mini-batch; "seq-mean" = mean over samples
     of each sample's token mean.
     """
@@ -163,8 +168,8 @@ def policy_loss(
 
     kl_tok = None
     if kl_coef > 0:
-        d = torch.where(mask, ref_logp, zero).detach() - logp_
-        kl_tok = torch.exp(d) - d - 1.0
+        d = torch.clamp(torch.where(mask, ref_logp, zero).detach() - logp_, -KL_LOG_RATIO_MAX, KL_LOG_RATIO_MAX)
+        kl_tok = torch.clamp(torch.exp(d) - d - 1.0, max=KL_TOKEN_MAX)
         per_token = per_token + kl_coef * kl_tok
 
     n_tok = m.sum()
@@ -191,7 +196,7 @@ def policy_loss(
             "approx_kl": tok_mean(ratio - 1 - log_ratio),
             "ratio_mean": tok_mean(ratio),
             "pg_loss": tok_mean(-w * torch.minimum(surr1, surr2)),
-            "tokens": float(n_tok.item()),
+            "train_tokens": float(n_tok.item()),
         }
         if kl_tok is not None:
             metrics["ref_kl"] = tok_mean(kl_tok)

@@ -3,7 +3,7 @@
 Both expose the same small surface to `learner/train_step.py`:
 
     backend.module          the nn.Module to run forward passes on
-    backend.backward(loss)  accumulate gradients
+    backend.backward(loss, boundary)  accumulate gradients (boundary: the last micro-batch before `step`)
     backend.step() -> float clip to `grad_clip`, apply AdamW, zero grads; returns the pre-clip norm
                             (torch: a non-finite norm skips AdamW, so weights and moments stay untouched;
                             DeepSpeed applies its own step — the trainer's loss check guards it)
@@ -34,7 +34,7 @@ class Backend(Protocol):
     rank: int
     world_size: int
 
-    def backward(self, loss: torch.Tensor) -> None: ...
+    def backward(self, loss: torch.Tensor, boundary: bool = True) -> None: ...
 
     def step(self) -> float: ...
 
@@ -60,7 +60,7 @@ class TorchBackend:
             weight_decay=self.cfg.weight_decay,
         )
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, boundary: bool = True) -> None:
         loss.backward()
 
     def step(self) -> float:
@@ -120,7 +120,9 @@ class DeepSpeedBackend:
         )
         self.module = self.engine.module
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, boundary: bool = True) -> None:
+        # gradients of the micro-batches before the boundary accumulate locally; ZeRO reduces them at it
+        self.engine.set_gradient_accumulation_boundary(boundary)
         self.engine.backward(loss)
 
     def discard_gradients(self) -> None:

@@ -86,7 +86,8 @@ def completion_hidden(model: torch.nn.Module, batch: PackedCompletions) -> torch
 
 
 def _chunk_logp(head: torch.nn.Module, h: torch.Tensor, tgt: torch.Tensor, temperature: float):
-    logits = head(h).float() / temperature
+    logits = head(h)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # float32 at least
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
     with torch.no_grad():
@@ -133,8 +134,9 @@ def token_logprobs(
             lp, en = _chunk_logp(head, h[a:b], tgt[a:b], temperature)
         logps.append(lp)
         ents.append(en)
-    out_logp = torch.zeros(batch.mask.shape, dtype=torch.float32, device=h.device)
-    out_ent = torch.zeros(batch.mask.shape, dtype=torch.float32, device=h.device)
+    dtype = logps[0].dtype if logps else torch.float32  # float32, or float64 for a float64 model
+    out_logp = torch.zeros(batch.mask.shape, dtype=dtype, device=h.device)
+    out_ent = torch.zeros(batch.mask.shape, dtype=dtype, device=h.device)
     out_logp = out_logp.masked_scatter(batch.mask, torch.cat(logps)) if M else out_logp
     out_ent = out_ent.masked_scatter(batch.mask, torch.cat(ents)) if M else out_ent
     return out_logp, out_ent.detach()

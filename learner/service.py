@@ -54,11 +54,14 @@ class LearnerService:
         self.ckpt = Checkpointer(cfg.run.run_dir, keep=cfg.learner.checkpoint_keep)
         self.ckpt.clean_leftovers()
         saved = self.ckpt.latest() if resume else None
+        # float32 master weights whatever model.dtype is: that is the compute (autocast) and serving dtype
         model = AutoModelForCausalLM.from_pretrained(saved.model_dir if saved else cfg.model.path,
-                                                     dtype=getattr(torch, cfg.model.dtype))
+                                                     dtype=torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.serving_dtype = getattr(torch, cfg.model.dtype)
         self.trainer = Trainer(model, cfg.learner, n_samples=cfg.actor.n_samples,
-                               temperature=cfg.actor.temperature, pad_id=self.tokenizer.eos_token_id)
+                               temperature=cfg.actor.temperature, pad_id=self.tokenizer.eos_token_id,
+                               compute_dtype=self.serving_dtype)
         self.dispatcher = Dispatcher(cfg)
         self.admission = Admission(cfg.learner.max_staleness)
         self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
@@ -77,7 +80,7 @@ class LearnerService:
         self.sockets.control.version = self.version
         self.desk = AdminDesk(cfg, self.sockets.control,
                               lambda: f"step {self.version}, version {self.version}, actors {self.members.alive()}")
-        self.broadcaster = WeightBroadcaster(lambda: self.trainer.model.state_dict().items(),
+        self.broadcaster = WeightBroadcaster(lambda: self.trainer.model.state_dict().items(), dtype=self.serving_dtype,
                                              bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
                                              backend=t.weight_backend, host=t.host)
         self.metrics = MetricsWriter(cfg.run.run_dir)

@@ -15,12 +15,17 @@ Inside a step (design.md, "The algorithm, precisely"):
 A mini-batch whose loss or gradient norm is not finite is skipped: no optimizer step, weights and AdamW
 state untouched; counted in `nonfinite_skipped` (and `step_skipped` = 1 when no mini-batch was left, or
 when the advantages themselves are not finite).
+Precision: the parameters and the AdamW state are float32 (master weights); `compute_dtype` (the job's
+`model.dtype`) is the dtype of the forward and backward passes (autocast) — a bf16 parameter updated in
+place by AdamW at RL learning rates rounds most updates away, so a model with bf16 or fp16 parameters is
+refused.
 With DeepSpeed and several ranks each rank trains on its slice of every mini-batch; its loss is scaled
 by its share of the mini-batch's tokens so that the averaged gradient equals the single-process one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -92,11 +97,21 @@ class Trainer:
         temperature: float = 1.0,
         pad_id: int = 0,
         backend: Backend | None = None,
+        compute_dtype: torch.dtype = torch.float32,
     ):
+        low = sorted({str(p.dtype) for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)})
+        if low:
+            raise ValueError(
+                f"the learner's model has {', '.join(low)} parameters: AdamW would update them in place and "
+                f"round most RL-sized updates away. Load it in float32 (the master weights) and train in "
+                f"{compute_dtype} through compute_dtype (model.dtype)")
         self.cfg = cfg
+        self.compute_dtype = compute_dtype
         self.n_samples = n_samples
         self.temperature = temperature
         self.pad_id = pad_id
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(model)
         self.backend = backend or make_backend(model, cfg)
         self.state = StepState()
         self.samples_per_step = cfg.prompts_per_step * n_samples
@@ -122,6 +137,7 @@ class Trainer:
             self.state.ref_model.load_state_dict(self.model.state_dict())
         if self.cfg.reset_optimizer_on_ref_reset:
             self.backend.reset_optimizer()
+            self.backend.set_lr(self.lr)  # the step's (sqrt-scaled) rate, not the optimizer's η0
 
     def state_dict(self) -> dict:
         """Step, optimizer state and the mini-batch shuffling generator: what an exact resume needs."""
@@ -134,8 +150,13 @@ class Trainer:
         self.backend.set_lr(self.lr)
         self._gen.set_state(st["generator"])
 
+    def _autocast(self):
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(self.cfg.device).type, dtype=self.compute_dtype)
+
     def _logp(self, model: torch.nn.Module, packed, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), self._autocast():
             return token_logprobs(
                 model, packed, temperature=self.temperature, chunk_mb=self.cfg.logprob_chunk_mb
             )
@@ -158,7 +179,7 @@ class Trainer:
             "accuracy": correct.float().mean().item(),
             "groups": float(len(groups)),
             "groups_kept": float(keep.sum().item()),
-            "pass_rate": pass_rate(keep, n),
+            "train_pass_rate": pass_rate(keep, n),  # of the groups trained (the batcher's pass_rate: of all)
             "lr": self.lr,
         }
         if not torch.isfinite(adv[keep]).all():  # e.g. rewards so large that their spread overflows
@@ -182,53 +203,71 @@ class Trainer:
         mbs = [order[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
         mbs = [mb.sort().values for mb in mbs if len(mb)]
         rank, world = self.backend.rank, self.backend.world_size
-        # Pack every mini-batch (this rank's slice of it) and recompute π_old for all of them once,
-        # before the first update: π_old is the policy at the start of the step.
-        work = []
+        seq_len = [len(p) + len(c) for p, c in zip(prompts, comps)]
+        # Cut every mini-batch (this rank's part of it) into micro-batches and recompute π_old for all of
+        # them once, before the first update: π_old is the policy at the start of the step.
+        work, padded, real = [], 0, 0
         for mb in mbs:
             idx = mb.tolist()
             if len(idx) < world:
                 raise ValueError(f"a mini-batch of {len(idx)} samples cannot be split over {world} ranks")
-            packed = pack([prompts[i] for i in idx], [comps[i] for i in idx], self.pad_id, dev)
-            b = torch.zeros(packed.mask.shape, dtype=torch.float32)
-            for r, i in enumerate(idx):
-                b[r, : len(behav[i])] = torch.tensor(behav[i], dtype=torch.float32)
-            a = torch.tensor([sample_adv[i] for i in idx], dtype=torch.float32)
-            sl = slice(*self._rank_slice(len(idx), rank, world))
-            weight = _share_weight(packed.mask, sl, cfg.loss_agg, world)
-            mine = _slice(packed, sl)
-            old, _ = self._logp(self.model, mine, grad=False)
-            ref = self._logp(self.state.ref_model, mine, grad=False)[0] if self.state.ref_model else None
-            work.append((mine, old, b[sl].to(dev), a[sl].to(dev), ref, weight))
+            unit = {i: len(comps[i]) if cfg.loss_agg == "token-mean" else int(len(comps[i]) > 0) for i in idx}
+            total = sum(unit.values())  # the whole mini-batch's (all ranks') tokens or sequences: the loss's divisor
+            parts = [idx[slice(*self._rank_slice(len(idx), r, world))] for r in range(world)]
+            micro = [micro_batches(p, seq_len, cfg.micro_batch_tokens) for p in parts]
+            count = max(len(m) for m in micro)  # the same on every rank: collectives stay in step
+            micros = []
+            for mi in even_out(micro[rank], count):
+                mine = sum(unit[i] for i in mi) if mi is not None else 0
+                mi = mi if mi is not None else micro[rank][0][:1]  # a pass that weighs 0
+                packed = pack([prompts[i] for i in mi], [comps[i] for i in mi], self.pad_id, dev)
+                b = torch.zeros(packed.mask.shape, dtype=torch.float32)
+                for r, i in enumerate(mi):
+                    b[r, : len(behav[i])] = torch.tensor(behav[i], dtype=torch.float32)
+                a = torch.tensor([sample_adv[i] for i in mi], dtype=torch.float32)
+                old, _ = self._logp(self.model, packed, grad=False)
+                ref = self._logp(self.state.ref_model, packed, grad=False)[0] if self.state.ref_model else None
+                micros.append((packed, old, b.to(dev), a.to(dev), ref, world * mine / total))
+                padded += packed.input_ids.numel()
+                real += int(packed.attention_mask.sum())
+            work.append(micros)
         totals: dict[str, float] = {}
         grad_norms = []
         skipped = 0
-        for mine, old, b, a, ref, weight in work:
-            logp, ent = self._logp(self.model, mine, grad=True)
-            loss, m = policy_loss(
-                logp, old, b, a, mine.mask,
-                eps_low=cfg.eps_low, eps_high=cfg.eps_high, tis_cap=cfg.tis_cap,
-                kl_coef=cfg.kl_coef, ref_logp=ref, loss_agg=cfg.loss_agg, entropy=ent,
-            )
-            if not _finite_everywhere(loss, world):  # no backward, no optimizer step: nothing changes
-                self.backend.discard_gradients()
+        for micros in work:
+            finite, parts_m = True, []
+            for k, (packed, old, b, a, ref, weight) in enumerate(micros):
+                logp, ent = self._logp(self.model, packed, grad=True)
+                loss, m = policy_loss(
+                    logp, old, b, a, packed.mask,
+                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, tis_cap=cfg.tis_cap,
+                    kl_coef=cfg.kl_coef, ref_logp=ref, loss_agg=cfg.loss_agg, entropy=ent,
+                )
+                # every rank agrees on each part (the same number of parts everywhere); after a non-finite
+                # one the mini-batch is skipped: no more backward, no optimizer step
+                finite = finite and _finite_everywhere(loss, world)
+                if finite:
+                    self.backend.backward(loss * weight, boundary=k == len(micros) - 1)
+                m["loss"] = loss.item()
+                parts_m.append((m, weight))
+            if not finite:
+                self.backend.discard_gradients()  # no optimizer step: nothing changes
                 skipped += 1
                 continue
-            self.backend.backward(loss * weight)
             norm = self.backend.step()
             if not math.isfinite(norm):  # the backend skipped the optimizer step
                 skipped += 1
                 continue
             self.updates_in_step += 1
             grad_norms.append(norm)
-            m["loss"] = loss.item()
-            share = weight / world  # this rank's part of the mini-batch mean
-            for k, v in m.items():
-                totals[k] = totals.get(k, 0.0) + v * (1.0 if k == "tokens" else share)
+            for m, weight in parts_m:
+                share = weight / world  # this micro-batch's part of the mini-batch mean
+                for k, v in m.items():
+                    totals[k] = totals.get(k, 0.0) + v * (1.0 if k == "train_tokens" else share)
         if world > 1:
             totals = _all_reduce_sum(totals)
         used = max(1, len(work) - skipped)  # means over the mini-batches that were applied
-        totals = {k: v if k == "tokens" else v / used for k, v in totals.items()}
+        totals = {k: v if k == "train_tokens" else v / used for k, v in totals.items()}
         self.state.step += 1
         if cfg.ref_reset_interval and self.state.step % cfg.ref_reset_interval == 0:
             self.reset_reference()
@@ -240,14 +279,58 @@ class Trainer:
             step_skipped=float(skipped == len(work)),
             samples=float(S),
             minibatches=float(len(mbs)),
+            micro_batches=float(sum(len(m) for m in work)),
+            padding_frac=1.0 - real / max(padded, 1),  # of this rank's passes (sequences sorted by length)
             train_s=time.perf_counter() - t0,
         )
         return metrics
 
     @staticmethod
     def _rank_slice(n: int, rank: int, world: int) -> tuple[int, int]:
-        per = -(-n // world)
-        return min(rank * per, n), min((rank + 1) * per, n)
+        """Rank `rank`'s contiguous part of n samples: sizes differ by at most one, none empty if n >= world."""
+        return rank * n // world, (rank + 1) * n // world
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute decoder layers in backward (transformers' gradient checkpointing). It acts in train mode
+    only; PPO needs a deterministic policy (π_old recomputed = πθ at the start of the step), so dropout is
+    refused rather than silently switched on."""
+    p = max([getattr(model.config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout", "dropout")]
+            + [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)])
+    if p > 0:
+        raise ValueError(f"learner.activation_checkpointing needs the model in train mode, where its dropout "
+                         f"({p}) would make the policy random: set the model's dropout to 0")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
+def micro_batches(idx: list[int], seq_len: list[int], budget: int) -> list[list[int]]:
+    """`idx` sorted by sequence length (longest first) and cut greedily into runs of at most `budget`
+    padded tokens (rows × the run's longest); a sample longer than the budget goes alone. 0: one run."""
+    if not idx:
+        return []
+    if budget <= 0:
+        return [list(idx)]
+    out: list[list[int]] = []
+    for i in sorted(idx, key=lambda i: (-seq_len[i], i)):
+        if out and (len(out[-1]) + 1) * seq_len[out[-1][0]] <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def even_out(micro: list[list[int]], count: int) -> list[list[int] | None]:
+    """Exactly `count` micro-batches (every rank runs as many passes, so collectives stay in step): split
+    the largest ones in two while any has two samples; past that, None entries (a pass that weighs 0)."""
+    micro = [list(m) for m in micro]
+    while len(micro) < count:
+        big = max((m for m in micro if len(m) > 1), key=len, default=None)
+        if big is None:
+            break
+        micro.remove(big)
+        micro += [big[: len(big) // 2], big[len(big) // 2:]]
+    return micro + [None] * (count - len(micro))
 
 
 def _finite_everywhere(loss: torch.Tensor, world: int) -> bool:
@@ -267,20 +350,3 @@ def _all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
-
-
-def _slice(p, sl: slice):
-    from learner.logprobs import PackedCompletions
-
-    return PackedCompletions(p.input_ids[sl], p.attention_mask[sl], p.target_pos[sl], p.targets[sl], p.mask[sl])
-
-
-def _share_weight(mask: torch.Tensor, sl: slice, loss_agg: str, world: int) -> float:
-    """Scale of a rank's loss so that the rank-averaged gradient equals the whole mini-batch's."""
-    if world == 1:
-        return 1.0
-    if loss_agg == "token-mean":
-        mine, total = mask[sl].sum().item(), mask.sum().item()
-    else:
-        mine, total = (mask[sl].sum(1) > 0).sum().item(), (mask.sum(1) > 0).sum().item()
-    return world * mine / total

@@ -61,17 +61,24 @@ class WeightPlan:
         return asdict(self)
 
 
-def make_plan(named: Iterable[tuple[str, torch.Tensor]], bucket_mb: float) -> WeightPlan:
+def _wire_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """What `t` travels as: `dtype` for floating-point tensors when given (the serving dtype), else its own."""
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+
+def make_plan(named: Iterable[tuple[str, torch.Tensor]], bucket_mb: float,
+              dtype: torch.dtype | None = None) -> WeightPlan:
     limit = max(1, int(bucket_mb * 2**20))
     names, dtypes, shapes, buckets = [], [], [], []
     start, size = 0, 0
     for i, (name, t) in enumerate(named):
-        nbytes = _align(t.numel() * t.element_size())
+        wire_dtype = _wire_dtype(t, dtype)
+        nbytes = _align(t.numel() * torch.empty((), dtype=wire_dtype).element_size())
         if size and size + nbytes > limit:
             buckets.append([start, i, size])
             start, size = i, 0
         names.append(name)
-        dtypes.append(str(t.dtype).removeprefix("torch."))
+        dtypes.append(str(wire_dtype).removeprefix("torch."))
         shapes.append(list(t.shape))
         size += nbytes
     if size or start < len(names):
@@ -79,12 +86,15 @@ def make_plan(named: Iterable[tuple[str, torch.Tensor]], bucket_mb: float) -> We
     return WeightPlan(names, dtypes, shapes, buckets)
 
 
-def pack_bucket(tensors: list[torch.Tensor], nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def pack_bucket(tensors: list[torch.Tensor], nbytes: int, device: torch.device | str = "cpu",
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The tensors' bytes, each 16-byte aligned, floating-point ones cast to `dtype` (if given) one at a time."""
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     off = 0
     for t in tensors:
+        t = t.detach().to(_wire_dtype(t, dtype))
         n = t.numel() * t.element_size()
-        flat[off: off + n].copy_(t.detach().contiguous().view(-1).view(torch.uint8))
+        flat[off: off + n].copy_(t.contiguous().view(-1).view(torch.uint8))
         flat[off + n: off + _align(n)].zero_()  # padding is part of the checksum: keep it defined
         off += _align(n)
     flat[off:].zero_()
@@ -139,9 +149,10 @@ def combine_checksums(per_bucket: list[int]) -> str:
     return f"{total:016x}"
 
 
-def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan) -> str:
+def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan,
+                     dtype: torch.dtype | None = None) -> str:
     tensors = [t for _, t in named]
-    return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n)) for a, b, n in plan.buckets])
+    return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n, "cpu", dtype)) for a, b, n in plan.buckets])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -231,9 +242,10 @@ class WeightBroadcaster:
     """Learner side: owns rank 0 of the weight group and the plan."""
 
     def __init__(self, named_params, *, bucket_mb: float = 256, timeout_s: float = 120.0,
-                 backend: str = "gloo", host: str = "127.0.0.1"):
+                 backend: str = "gloo", host: str = "127.0.0.1", dtype: torch.dtype | None = None):
         self.named_params = named_params  # callable -> iterable of (name, tensor), HF names
-        self.plan = make_plan(named_params(), bucket_mb)
+        self.dtype = dtype  # the serving dtype floating-point tensors are sent in (None: as they are)
+        self.plan = make_plan(named_params(), bucket_mb, dtype)
         self.timeout_s = timeout_s
         self.backend = backend
         self.host = host
@@ -273,7 +285,7 @@ class WeightBroadcaster:
         failed: set[int] = set()
         for a, b, n in self.plan.buckets:
             t0 = time.perf_counter()
-            flat = pack_bucket(tensors[a:b], n, device)
+            flat = pack_bucket(tensors[a:b], n, device, self.dtype)
             t1 = time.perf_counter()
             failed |= broadcast_bucket(self.pg, flat, failed)
             if failed and len(failed) == self.world_size - 1:

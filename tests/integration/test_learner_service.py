@@ -110,7 +110,11 @@ async def test_dynamic_sampling_backfills_until_b_kept_groups(tiny_model_dir, tm
     rows = read(tmp_path / "metrics.jsonl")
     assert sum(r["drop_all_wrong"] for r in rows) > 0
     assert all(r["groups"] == B and r["groups_kept"] == B for r in rows)  # only mixed groups reach training
-    assert all(r["pass_rate"] < 1.0 for r in rows)
+    assert all(r["pass_rate"] < 1.0 for r in rows)  # dynamic sampling's: kept samples / generated
+    # the trainer's own figures keep their names (they used to be overwritten by the batcher's): only mixed
+    # groups are trained, B groups of N completions of 3 tokens each
+    assert all(r["train_pass_rate"] == 1.0 and r["train_tokens"] == B * N * 3 for r in rows), rows
+    assert sum(r["tokens"] for r in rows) > sum(r["train_tokens"] for r in rows)  # generated: dropped groups too
     trained, _ = check_accounting(tmp_path, 3)
     by_prompt = {g.prompt_id: g for g in actors[0].sent}
     for pid in trained:
@@ -268,3 +272,19 @@ async def test_a_training_step_that_raises_before_changing_anything_leaves_a_che
         await actor.kill()
     saved = load_file(str(tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors"))
     assert all(torch.equal(saved[k], v) for k, v in svc.trainer.model.state_dict().items() if k in saved)
+
+
+async def test_a_bf16_job_keeps_fp32_master_weights_and_serves_bf16(tiny_model_dir, tmp_path):
+    """model.dtype = bfloat16: the learner trains float32 master weights (checkpointed as such, for an exact
+    resume) and sends the actors bf16 — half the bytes — whose checksums match."""
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = job(tiny_model_dir, tmp_path, steps=2, **{"model.dtype": "bfloat16"})
+    actor = FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, seed=3)
+    svc = await run_job(cfg, [actor])
+    assert set(svc.broadcaster.plan.dtype_names) == {"bfloat16"}
+    assert all(p.dtype == torch.float32 for p in svc.trainer.model.parameters())
+    assert actor.received_versions == [1, 2] and actor.checksum == svc.members.expected[2]  # bf16 bytes arrived intact
+    saved = load_file(tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors")
+    assert {t.dtype for t in saved.values()} == {torch.float32}

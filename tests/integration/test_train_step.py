@@ -41,7 +41,7 @@ def test_training_raises_correct_over_incorrect(tiny_model_dir):
     assert after > before + 1.0, (before, after)
     for m in metrics:
         assert all(torch.isfinite(torch.tensor(v)) for v in m.values()), m
-        assert m["pass_rate"] == 1.0 and m["minibatches"] == 2 and m["samples"] == 32
+        assert m["train_pass_rate"] == 1.0 and m["minibatches"] == 2 and m["samples"] == 32
     assert tr.state.step == 4
 
 
@@ -52,7 +52,7 @@ def test_dynamic_sampling_in_step_and_empty_batch(tiny_model_dir):
     all_right = TrainGroup(g.prompt_ids, g.completion_ids, g.behav_logp, [1.0] * 8, [True] * 8)
     tr = Trainer(model, LearnerConfig(prompts_per_step=3, num_minibatches=2), n_samples=8, pad_id=eos)
     m = tr.step([all_right, groups[1], all_right])
-    assert m["groups_kept"] == 1 and m["pass_rate"] == pytest.approx(1 / 3) and m["samples"] == 8
+    assert m["groups_kept"] == 1 and m["train_pass_rate"] == pytest.approx(1 / 3) and m["samples"] == 8
     with pytest.raises(ValueError, match="dynamic sampling"):
         tr.step([all_right])
     with pytest.raises(ValueError, match="groups is empty"):
@@ -88,6 +88,30 @@ def test_lr_follows_sqrt_rule(tiny_model_dir):
     tr = Trainer(model, cfg, n_samples=512)
     assert tr.lr == pytest.approx(2e-6 * (128 * 512 / (512 * 16)) ** 0.5)
     assert tr.backend.optimizer.param_groups[0]["lr"] == tr.lr
+
+
+def test_an_optimizer_reset_keeps_the_scaled_learning_rate(tiny_model_dir):
+    """A reference reset with `reset_optimizer_on_ref_reset` gives fresh AdamW moments at the step's
+    sqrt-scaled rate, not at the configured base rate."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    cfg = LearnerConfig(prompts_per_step=128, lr=2e-6, lr_base_samples=512 * 16, kl_coef=0.1,
+                        reset_optimizer_on_ref_reset=True)
+    tr = Trainer(model, cfg, n_samples=512)
+    assert tr.lr != cfg.lr
+    tr.reset_reference()
+    assert [g["lr"] for g in tr.backend.optimizer.param_groups] == [tr.lr] * len(tr.backend.optimizer.param_groups)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_every_rank_gets_a_part_of_every_mini_batch(world):
+    """n >= world samples split over `world` ranks: contiguous, covering, sizes within one, none empty
+    (5 samples on 4 ranks used to leave the last rank nothing)."""
+    for n in range(world, 70):
+        parts = [Trainer._rank_slice(n, r, world) for r in range(world)]
+        assert parts[0][0] == 0 and parts[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+        sizes = [b - a for a, b in parts]
+        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, (n, sizes)
 
 
 
@@ -150,3 +174,81 @@ def test_nonfinite_gradient_skips_the_update_and_is_counted(tiny_model_dir):
     m = tr.step(groups)
     assert m["nonfinite_skipped"] == 0 and m["step_skipped"] == 0.0 and torch.isfinite(torch.tensor(m["loss"]))
     assert any(not torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())
+
+
+def test_bf16_parameters_are_refused_and_bf16_compute_keeps_fp32_master_weights(tiny_model_dir):
+    """AdamW on bf16 parameters at the BroRL rate rounds most updates away, so a bf16 model is refused;
+    with float32 master weights and bf16 autocast, nearly every element moves."""
+    groups, eos = fixed_groups(tiny_model_dir)
+    cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=5.7e-6, lr_base_samples=len(groups) * 8)
+    with pytest.raises(ValueError, match="bfloat16 parameters.*round most RL-sized updates away"):
+        Trainer(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16), cfg, n_samples=8)
+    losses = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        tr = Trainer(model, cfg, n_samples=8, pad_id=eos, compute_dtype=dtype)
+        losses[dtype] = [tr.step(groups)["loss"] for _ in range(3)]
+        assert all(p.dtype == torch.float32 for p in tr.model.parameters())
+        trained = [k for k, p in tr.model.named_parameters() if p.requires_grad]
+        moved = sum(int((tr.model.state_dict()[k] != before[k]).sum()) for k in trained)
+        total = sum(before[k].numel() for k in trained)
+        assert moved / total > 0.9, (dtype, moved / total)
+    # the passes really ran in bf16: close to the float32 losses, not equal to them
+    assert losses[torch.bfloat16] != losses[torch.float32]
+    assert losses[torch.bfloat16] == pytest.approx(losses[torch.float32], rel=0.1, abs=0.02)
+
+
+def _one_step(tiny_model_dir, groups, eos, **over):
+    """One step's metrics and the accumulated gradient of each mini-batch, as the optimizer got it (in
+    float64, so that summation order leaves no visible trace)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3, **over)
+    tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
+    grads, step = [], tr.backend.step
+
+    def recording_step():
+        grads.append({k: p.grad.clone() for k, p in tr.model.named_parameters() if p.grad is not None})
+        return step()
+    tr.backend.step = recording_step
+    m = tr.step(groups)
+    return m, grads
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean"])
+def test_token_budget_micro_batches_and_checkpointing_equal_the_unsplit_step(tiny_model_dir, loss_agg):
+    """Micro-batches of at most a few padded tokens (gradient accumulation) and activation checkpointing
+    give the loss and the gradients of one pass over each whole mini-batch, with less padding."""
+    groups, eos = fixed_groups(tiny_model_dir)
+    for g in groups:  # lengths that differ (padding to save): completion i gets i % 5 more tokens
+        g.completion_ids = [c + [eos] * (i % 5) for i, c in enumerate(g.completion_ids)]
+        g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
+    ref_m, ref_g = _one_step(tiny_model_dir, groups, eos, loss_agg=loss_agg)
+    for over in ({"micro_batch_tokens": 40}, {"micro_batch_tokens": 1}, {"activation_checkpointing": True},
+                 {"micro_batch_tokens": 64, "activation_checkpointing": True}):
+        m, g = _one_step(tiny_model_dir, groups, eos, loss_agg=loss_agg, **over)
+        assert m["micro_batches"] > ref_m["micro_batches"] or "micro_batch_tokens" not in over, over
+        assert m["loss"] == pytest.approx(ref_m["loss"], rel=1e-10, abs=1e-12), over
+        assert m["train_tokens"] == ref_m["train_tokens"]
+        assert len(g) == len(ref_g) == 2 and all(set(a) == set(b) for a, b in zip(g, ref_g))
+        for mine, ref in zip(g, ref_g):  # each mini-batch's gradient, as the optimizer got it
+            for k, v in ref.items():
+                torch.testing.assert_close(mine[k], v, rtol=1e-9, atol=1e-12, msg=lambda s: f"{over} {k}: {s}")
+        if over.get("micro_batch_tokens", 0) > 1:
+            assert m["padding_frac"] < ref_m["padding_frac"], (m["padding_frac"], ref_m["padding_frac"])
+
+
+def test_micro_batches_respect_the_budget_and_even_out_across_ranks():
+    from learner.train_step import even_out, micro_batches
+
+    seq_len = [5, 9, 3, 9, 20, 1, 7, 7]
+    runs = micro_batches(list(range(8)), seq_len, 18)
+    assert sorted(i for r in runs for i in r) == list(range(8))
+    assert all(len(r) * max(seq_len[i] for i in r) <= 18 or len(r) == 1 for r in runs)
+    assert runs[0] == [4]  # 20 tokens: over the budget, alone
+    assert micro_batches([3, 1], seq_len, 0) == [[3, 1]]
+    even = even_out([[0, 1, 2], [3]], 4)
+    assert len(even) == 4 and sorted(i for r in even if r for i in r) == [0, 1, 2, 3]
+    assert even_out([[0]], 3) == [[0], None, None]  # passes that weigh nothing keep ranks in step

@@ -141,3 +141,20 @@ def test_the_rendezvous_store_listens_on_the_configured_host_only():
         assert listening == ["127.0.0.1"], listening
     finally:
         del pg, store
+
+
+def test_weights_travel_in_the_serving_dtype_packed_one_tensor_at_a_time():
+    """fp32 master weights, bf16 actors: the plan names bf16 for floating-point tensors (integer ones keep
+    their dtype), buckets are half the bytes, and what unpacks is exactly the master cast to bf16."""
+    from transport.weights import make_plan, pack_bucket, unpack_bucket
+
+    params = toy_params()
+    plan = make_plan(params.items(), bucket_mb=0.1, dtype=torch.bfloat16)
+    full = make_plan(params.items(), bucket_mb=0.1)
+    assert plan.dtype_names == ["bfloat16" if t.is_floating_point() else "int64" for t in params.values()]
+    assert sum(n for *_, n in plan.buckets) < 0.6 * sum(n for *_, n in full.buckets)
+    tensors = list(params.values())
+    for a, b, n in plan.buckets:
+        for name, t in unpack_bucket(pack_bucket(tensors[a:b], n, "cpu", torch.bfloat16), plan, a, b):
+            src = params[name]
+            assert torch.equal(t, src.to(torch.bfloat16) if src.is_floating_point() else src), name

@@ -53,8 +53,8 @@ def ref_loss(logp, old, behav, adv, mask, eps_low, eps_high, cap, agg, kl_coef=0
             clipped = min(max(r, 1 - eps_low), 1 + eps_high)
             l = -w * min(r * adv[s], clipped * adv[s])
             if kl_coef:
-                d = ref[s][t] - logp[s][t]
-                l += kl_coef * (math.exp(d) - d - 1)
+                d = min(max(ref[s][t] - logp[s][t], -20.0), 20.0)
+                l += kl_coef * min(math.exp(d) - d - 1, 10.0)
             tot += l
             n += 1
             st_ += l
@@ -282,3 +282,19 @@ def test_scaled_lr():
     for bad in [(0, 1, 1), (1e-3, 0, 1), (1e-3, 1, -5)]:
         with pytest.raises(ValueError):
             scaled_lr(*bad)
+
+
+def test_k3_kl_is_clamped_so_one_far_token_cannot_swamp_the_loss():
+    """A token whose reference log-prob is 100 nats above the policy's: unclamped, exp(100) ≈ 2.7e43 would
+    swamp (or overflow) the loss; clamped, its k3 term is at most 10 and the gradient stays finite."""
+    S, T = 2, 3
+    logp = torch.full((S, T), -2.0, requires_grad=True)
+    old = torch.full((S, T), -2.0)
+    mask = torch.ones(S, T, dtype=torch.bool)
+    ref = old.clone()
+    ref[0, 0] = 98.0  # d = ref − logp = 100
+    loss, m = policy_loss(logp, old, old.clone(), torch.zeros(S), mask, kl_coef=1.0, ref_logp=ref, **KW)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert loss.item() == pytest.approx(10.0 / (S * T))  # the far token contributes exactly the cap
+    assert m["ref_kl"] == pytest.approx(10.0 / (S * T))

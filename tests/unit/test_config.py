@@ -107,3 +107,9 @@ def test_cli_config_show_and_error():
 def test_heartbeat_timeout_must_allow_a_late_heartbeat():
     with pytest.raises(ConfigError, match="transport.heartbeat_timeout_s"):
         load_config("tiny-cpu", {"transport.heartbeat_timeout_s": 1.5, "transport.heartbeat_interval_s": 1.0})
+
+
+def test_nucleus_sampling_for_training_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match=r"actor.top_p \(0.95\) must be 1.0 for training.*biased"):
+        load_config("tiny-cpu", {"actor.top_p": 0.95})
+    assert load_config("tiny-cpu", {"actor.top_p": 1.0}).actor.top_p == 1.0
