@@ -115,14 +115,14 @@ def test_every_rank_gets_a_part_of_every_mini_batch(world):
 
 
 
-def _run_worker(model_dir, out, backend, world, steps=2):
+def _run_worker(model_dir, out, backend, world, steps=2, micro_batch_tokens=0):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(world), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     procs = []
     for rank in range(world):
         e = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         procs.append(subprocess.Popen([sys.executable, "-m", "tests.support.ds_worker", model_dir, str(out), backend,
-                                       str(steps)], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                                       str(steps), str(micro_batch_tokens)], cwd=ROOT, env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     try:
         logs = [p.communicate(timeout=300)[0] for p in procs]
@@ -136,11 +136,15 @@ def _run_worker(model_dir, out, backend, world, steps=2):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2])
-def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, world):
+@pytest.mark.parametrize("world,micro", [(1, 0), (2, 0), (2, 40)])
+def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, world, micro):
+    """DeepSpeed ZeRO-2 on 1 or 2 gloo ranks gives the single-process torch step; with token-budget
+    micro-batches (ranks cut their parts into as many passes each, gradients accumulated to one boundary)
+    too."""
     ref_m, ref_w = _run_worker(tiny_model_dir, tmp_path / "torch", "torch", 1)
-    ds_m, ds_w = _run_worker(tiny_model_dir, tmp_path / "ds", "deepspeed", world)
+    ds_m, ds_w = _run_worker(tiny_model_dir, tmp_path / "ds", "deepspeed", world, micro_batch_tokens=micro)
     assert ds_m["world"] == world
+    assert all(n > 2 for n in ds_m["micro_batches"]) if micro else ds_m["micro_batches"] == [2, 2]
     assert ds_m["losses"] == pytest.approx(ref_m["losses"], rel=1e-4, abs=1e-6)
     init = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     # Adam normalises each element's step to ~lr (1e-3 here), so float32 summation-order noise in a near-zero
