@@ -120,8 +120,7 @@ class Actor:
     def _learner_restarted(self, epoch: str) -> None:
         """A new learner process (resumed): drop what was the old one's (weights, weight group, unacked and
         in-flight groups, prompts to hand back) and say hello, so the new one sends its state and weights."""
-        self.last_error = f"learner restarted (epoch {self.learner_epoch} -> {epoch}); rejoining"
-        log.warning(self.last_error)
+        self._error(f"learner restarted (epoch {self.learner_epoch} -> {epoch}); rejoining")
         self.sync.learner_restarted()
         self.pipeline.era += 1
         self.sockets.rollouts.forget_unacked()
@@ -259,6 +258,7 @@ class Actor:
             if not self.supervisor.rebuilding:
                 self.supervisor.check()  # an engine that died while idle is noticed here
             await self.sockets.rollouts.resend_stale()
+            await self.sockets.resync_if_lost(self.sync.version)  # lost control messages: a new snapshot
             await self.sockets.work.send(wire.Heartbeat(
                 self.actor_id, self.sync.version, len(self.inflight), len(self.sockets.rollouts.unacked),
                 self.sync.checksum, self.verifiers.in_force(), self.last_error,

@@ -210,7 +210,7 @@ class RolloutReceiver:
 class ControlPublisher:
     """PUB, bound. SNDHWM `hwm` per subscriber; a subscriber that falls that far behind loses messages
     (PUB semantics), which is why control is state-based: every message carries a seq, and a joining or
-    lagging actor resynchronises from a `Snapshot` (see `ControlSubscriber.sync`)."""
+    lagging actor resynchronises from a `Snapshot` (`ActorSockets.sync`, `ActorSockets.resync_if_lost`)."""
 
     def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits):
         self.sock = ctx.socket(zmq.PUB)
@@ -260,11 +260,21 @@ class ActorSockets:
         self.work = WorkClient(self.ctx, ep, sec, lim, actor_id)
         self.rollouts = RolloutSender(self.ctx, ep, sec, lim, actor_id, max_unacked, resend_after_s, self.incarnation)
         self.control = ControlSubscriber(self.ctx, ep, sec, lim)
+        self._resynced = 0  # control.gaps already answered by a hello
 
     def close(self) -> None:
         for s in (self.work.sock, self.rollouts.sock, self.control.sock):
             s.close(linger=0)
         self.ctx.term()
+
+    async def resync_if_lost(self, version: int) -> bool:
+        """Control messages were lost since the last call (`ControlSubscriber.gaps`): say hello again, so the
+        learner answers with a snapshot of its state (and regroups us if we were in its weight group)."""
+        if self.control.gaps == self._resynced:
+            return False
+        self._resynced = self.control.gaps
+        await self.work.send(self.hello(version))
+        return True
 
     def hello(self, version: int, token: str = "") -> wire.Hello:
         return wire.Hello(self.actor_id, version, token or uuid.uuid4().hex, self.incarnation)
@@ -305,8 +315,8 @@ class ActorSockets:
                 ctl = self.control.decode(frames) if (frames := await _take(self.control.sock)) else None
                 if ctl is not None and ctl.kind == "sync_ack" and ctl.payload.get("token") in tokens:
                     acked[ctl.epoch] = min(acked.get(ctl.epoch, ctl.seq), ctl.seq)
-                elif ctl is not None:
-                    heard.append(ctl)
+                if ctl is not None:  # all of it, our acks too: what comes after the snapshot is passed on,
+                    heard.append(ctl)  # and its seqs count as received (no false gap)
             if snap is not None and acked.get(snap.epoch, math.inf) <= snap.control_seq + 1:
                 self.control.adopt(snap)
                 self.control.backlog = sorted((m for m in heard if m.epoch == snap.epoch), key=lambda m: m.seq)
@@ -438,6 +448,7 @@ class ControlSubscriber:
         self.epoch = ""  # the learner epoch of the last applied message (set by the start-up barrier)
         self.rejects = _Rejects("control SUB")
         self.backlog: list[wire.Control] = []
+        self.gaps = 0  # times messages were found missing (see `_fresh`)
 
     def adopt(self, snap: wire.Snapshot) -> None:
         """A snapshot (through the work socket) is the control state up to its seq, of its epoch."""
@@ -456,18 +467,24 @@ class ControlSubscriber:
         return msg
 
     def _fresh(self, msg: wire.Control | None) -> bool:
-        """Is `msg` one to apply (and if so, count it as applied)?"""
+        """Is `msg` one to apply (and if so, count it as applied)? A seq beyond the next one means messages
+        were lost (this subscriber fell `hwm` behind, or its connection was dropped and re-made): counted in
+        `gaps`, for the caller to resynchronise from a snapshot."""
         if msg is None:
             return False
-        if msg.kind == "sync_ack":
-            return True
         if msg.epoch != self.epoch:  # a new learner process: its seq starts again
+            if msg.kind == "sync_ack":
+                return True  # an answer to a hello of ours or another actor's: the caller checks the token
             self.epoch, self.last_seq = msg.epoch, msg.seq
             return True
-        if msg.seq > self.last_seq:
-            self.last_seq = msg.seq
-            return True
-        return False
+        if msg.seq <= self.last_seq:
+            return msg.kind == "sync_ack"
+        if self.last_seq and msg.seq > self.last_seq + 1:
+            self.gaps += 1
+            log.warning("control channel: messages %d..%d of learner epoch %s were lost", self.last_seq + 1,
+                        msg.seq - 1, self.epoch)
+        self.last_seq = msg.seq
+        return True
 
     async def recv(self, timeout_s: float | None = None) -> wire.Control:
         while self.backlog:  # heard during the start-up barrier
