@@ -8,6 +8,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -97,6 +98,17 @@ class _Rejects:
         self.where = where
         self.count = 0
         self._last_log = 0.0
+
+    def decode(self, frames: list, expect: type | None = None) -> Any:
+        """`wire.decode(frames)` (of type `expect`, if given), or None with the failure counted."""
+        try:
+            msg = wire.decode(frames)
+            if expect is not None and not isinstance(msg, expect):
+                raise wire.WireError(f"expected {expect.__name__}, got {type(msg).__name__}")
+        except wire.WireError as e:
+            self.add(e)
+            return None
+        return msg
 
     def add(self, err: Exception) -> None:
         self.count += 1

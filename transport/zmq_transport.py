@@ -107,10 +107,7 @@ class WorkServer:
             if len(frames) < 2:
                 self.rejects.add(wire.WireError("ROUTER message without identity and body"))
                 continue
-            try:
-                msg = wire.decode(frames[1:])
-            except wire.WireError as e:
-                self.rejects.add(e)
+            if (msg := self.rejects.decode(frames[1:])) is None:
                 continue
             self.last_peer = Peer.of(frames[1])
             return bytes(frames[0].buffer), msg
@@ -305,14 +302,14 @@ class ActorSockets:
             wait = max(0.0, min(next_hello, deadline) - time.monotonic())
             ready = dict(await poller.poll(wait * 1000))
             if self.work.sock in ready:
-                msg = self.work.decode(frames) if (frames := await _take(self.work.sock)) else None
+                msg = await _take(self.work.sock, self.work.rejects)
                 if isinstance(msg, wire.Snapshot):
                     if snap is None or msg.epoch != snap.epoch or msg.control_seq >= snap.control_seq:
                         snap = msg
                 elif msg is not None:
                     self.work.backlog.append(msg)
             if self.control.sock in ready:
-                ctl = self.control.decode(frames) if (frames := await _take(self.control.sock)) else None
+                ctl = await _take(self.control.sock, self.control.rejects, wire.Control)
                 if ctl is not None and ctl.kind == "sync_ack" and ctl.payload.get("token") in tokens:
                     acked[ctl.epoch] = min(acked.get(ctl.epoch, ctl.seq), ctl.seq)
                 if ctl is not None:  # all of it, our acks too: what comes after the snapshot is passed on,
@@ -324,12 +321,12 @@ class ActorSockets:
         raise TimeoutError(f"actor {self.actor_id}: no control-channel barrier within {timeout_s} s")
 
 
-async def _take(sock: zmq.asyncio.Socket) -> list:
-    """The frames of a message the poller said is there ([]: it was not, after all)."""
+async def _take(sock: zmq.asyncio.Socket, rejects: _Rejects, expect: type | None = None) -> Any:
+    """The message the poller said is there (None: it was not after all, or it was malformed)."""
     try:
-        return await _recv_frames(sock, 0.05)
+        return rejects.decode(await _recv_frames(sock, 0.05), expect)
     except asyncio.TimeoutError:
-        return []
+        return None
 
 
 class WorkClient:
@@ -351,18 +348,10 @@ class WorkClient:
     async def send(self, msg: Any) -> None:
         await self.sock.send_multipart(wire.encode(msg))
 
-    def decode(self, frames: list) -> Any:
-        """The message, or None (counted in `rejects`) if the frames are not one."""
-        try:
-            return wire.decode(frames)
-        except wire.WireError as e:
-            self.rejects.add(e)
-            return None
-
     async def recv(self, timeout_s: float | None = None) -> Any:
         if self.backlog:
             return self.backlog.pop(0)
-        while (msg := self.decode(await _recv_frames(self.sock, timeout_s))) is None:
+        while (msg := self.rejects.decode(await _recv_frames(self.sock, timeout_s))) is None:
             pass
         return msg
 
@@ -455,17 +444,6 @@ class ControlSubscriber:
         self.last_seq = max(self.last_seq, snap.control_seq) if snap.epoch == self.epoch else snap.control_seq
         self.epoch = snap.epoch
 
-    def decode(self, frames: list) -> wire.Control | None:
-        """The control message, or None (counted in `rejects`) if the frames are not one."""
-        try:
-            msg = wire.decode(frames)
-            if not isinstance(msg, wire.Control):
-                raise wire.WireError(f"expected control, got {type(msg).__name__}")
-        except wire.WireError as e:
-            self.rejects.add(e)
-            return None
-        return msg
-
     def _fresh(self, msg: wire.Control | None) -> bool:
         """Is `msg` one to apply (and if so, count it as applied)? A seq beyond the next one means messages
         were lost (this subscriber fell `hwm` behind, or its connection was dropped and re-made): counted in
@@ -491,5 +469,5 @@ class ControlSubscriber:
             if self._fresh(msg := self.backlog.pop(0)):
                 return msg
         while True:
-            if self._fresh(msg := self.decode(await _recv_frames(self.sock, timeout_s))):
+            if self._fresh(msg := self.rejects.decode(await _recv_frames(self.sock, timeout_s), wire.Control)):
                 return msg
