@@ -54,6 +54,8 @@ def median(xs: list[float]) -> float:
 
 
 def table(rows: list[dict], cols: list[str]) -> str:
+    if not rows:
+        return "(not measured)"
     cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
     line = "  ".join(c.rjust(w) for c, w in zip(cols, widths))

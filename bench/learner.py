@@ -2,6 +2,7 @@
 
     python -m bench.learner            # full sweep (~10 min on 2 CPU cores)
     python -m bench.learner --quick    # a smaller sweep
+    python -m bench.learner --gpu      # the 1.5B-shaped learner on GPUs (bench/learner_gpu.py)
 
 Part A (memory): forward+backward of response-token log-probs for growing vocabulary × batch, chunked
 (a fixed logits budget) against unchunked (all float32 logits at once), on a 1-layer Qwen2 so that the
@@ -86,13 +87,26 @@ def case_step(shape_name: str, n: int, samples: int, prompt_len: int, comp_len: 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--gpu", action="store_true", help="the GPU mode: a 1.5B-shaped model, the paper's presets")
+    ap.add_argument("--only", default="", help="GPU mode: run only these cases (longest,mfu,shared,scale)")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:  # child process
         kind, params = args.case.split(":", 1)
         p = json.loads(params)
+        if kind.startswith("gpu-"):
+            from bench import learner_gpu
+
+            r = learner_gpu.case(kind[4:], p)
+            if r:  # ranks > 0 report nothing
+                print(json.dumps(r))
+            return
         print(json.dumps(case_logprob(**p) if kind == "logprob" else case_step(**p)))
         return
+    if args.gpu:
+        from bench import learner_gpu
+
+        return learner_gpu.main(quick=args.quick, only=args.only)
 
     from bench.common import run_isolated, stamp, table, write_json
 

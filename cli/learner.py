@@ -1,8 +1,20 @@
-"""`brorl learner`: the learner service (binds the work, rollout and control sockets)."""
+"""`brorl learner`: the learner service (binds the work, rollout and control sockets).
+
+With `learner.devices = K > 1` this process starts K learner ranks (`learner/ranks.py`: rank 0 serves,
+the others follow it) and watches them: SIGTERM or SIGINT goes to rank 0, which finishes the step in hand,
+writes a checkpoint and stops the others; a rank that dies takes the others down with it (exit status 1),
+and the job resumes from its last checkpoint with `--resume`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 from cli.common import add_config_arg, load
 
@@ -15,6 +27,47 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
+    cfg = load(args, overrides)
+    if cfg.learner.devices > 1 and "RANK" not in os.environ:
+        argv = ["learner", *(["--config", args.config] if args.config else []),
+                *(["--resume"] if args.resume else []), *overrides]
+        return start_ranks(cfg.learner.devices, argv)
     from learner.service import main as serve
 
-    return serve(load(args, overrides), resume=args.resume)
+    return serve(cfg, resume=args.resume)
+
+
+def start_ranks(world: int, argv: list[str], stop_grace_s: float = 60.0) -> int:
+    """Start `world` learner ranks of `brorl <argv>` and wait for them; returns rank 0's exit status (1 if
+    another rank died first)."""
+    from cli.launcher import _brorl, _die_with_parent
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world)}
+    procs = [subprocess.Popen(_brorl(*argv), env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              start_new_session=True, preexec_fn=_die_with_parent)  # own session: no terminal ^C
+             for r in range(world)]
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: procs[0].poll() is None and procs[0].send_signal(signal.SIGTERM))
+    try:
+        while True:
+            if procs[0].poll() is not None:  # rank 0 stopped: it told the others to stop, if it could
+                deadline = time.monotonic() + stop_grace_s
+                while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                return procs[0].returncode
+            # a follower ends with 0 only when rank 0 told it to stop (rank 0 is about to end too)
+            dead = [(r, p.returncode) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if dead:
+                r, code = dead[0]
+                print(f"brorl learner: rank {r} of {world} exited with status {code}; stopping the other ranks "
+                      f"(resume from the last checkpoint with --resume)", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

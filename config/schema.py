@@ -140,6 +140,11 @@ class LearnerConfig(_Section):
     longer single sample goes alone); their gradients accumulate into one optimizer step whose loss is
     exactly the whole mini-batch's. 0: each mini-batch in one pass."""
 
+    share_prompt: bool = False
+    """Compute each group's prompt once per micro-batch: the decoder runs on the prompt, then on the
+    group's completions against its keys and values (exactly the unshared result, gradients included).
+    Micro-batches then hold one group each, and the token budget counts the prompt once."""
+
     activation_checkpointing: bool = False
     """Recompute the decoder layers' activations in backward instead of keeping them (less memory, about
     a third more compute)."""
@@ -162,7 +167,13 @@ class LearnerConfig(_Section):
     """DeepSpeed ZeRO stage when `backend = "deepspeed"`."""
 
     device: str = "cpu"
-    """Torch device of the learner ("cpu", "cuda", "cuda:1")."""
+    """Torch device of the learner ("cpu", "cuda", "cuda:1"). With `devices` > 1: "cuda" (rank r on
+    cuda:r of the GPUs the learner sees) or "cpu" (gloo ranks)."""
+
+    devices: int = Field(1, ge=1, le=64)
+    """Learner ranks on this host, one per GPU: `brorl learner` starts this many processes; rank 0 runs
+    the service and hands each rank its micro-batches; DeepSpeed ZeRO (`backend = "deepspeed"`) shards
+    gradients and optimizer state over them."""
 
     no_progress_s: float = Field(60.0, gt=0.0)
     """When no step has completed for this long, the learner logs why no batch is forming (and again
@@ -352,6 +363,20 @@ class BrorlConfig(_Section):
                 "log-probs are of the renormalised nucleus while the learner's π_old is the full softmax, so "
                 "the truncated importance weights would be biased"
             )
+        if lrn.devices > 1 and lrn.backend != "deepspeed":
+            raise ValueError(f"learner.devices = {lrn.devices} needs learner.backend = \"deepspeed\" (the torch "
+                             f"backend is one process)")
+        if lrn.devices > 1 and lrn.device not in ("cpu", "cuda"):
+            raise ValueError(f"learner.device {lrn.device!r} names one device but learner.devices = {lrn.devices}: "
+                             f"use \"cuda\" (rank r takes cuda:r) or \"cpu\"")
+        if lrn.devices > 1 and lrn.zero_stage == 3:
+            raise ValueError("learner.zero_stage = 3 with learner.devices > 1 is not supported by the service yet "
+                             "(held-out evaluation, checkpoints and the weight broadcast read rank 0's full "
+                             "parameters): use zero_stage = 2")
+        if lrn.devices > 1 and lrn.num_minibatches * lrn.devices > lrn.prompts_per_step * act.n_samples:
+            raise ValueError(f"learner.devices ({lrn.devices}) × learner.num_minibatches ({lrn.num_minibatches}) "
+                             f"exceeds the samples per step ({lrn.prompts_per_step} × {act.n_samples}): a rank "
+                             f"would get no sample of a mini-batch")
         if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
             raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")
         return self

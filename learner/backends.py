@@ -10,6 +10,7 @@ Both expose the same small surface to `learner/train_step.py`:
     backend.discard_gradients()
     backend.set_lr(lr)      the step's learning rate (paper 4.2's sqrt scaling is applied by the caller)
     backend.reset_optimizer()
+    backend.optimizer_state() / backend.load_optimizer_state(sd)   this rank's optimizer state (ZeRO: its shard)
     backend.rank, backend.world_size
 
 AdamW hyper-parameters are identical in both (betas 0.9/0.999, eps 1e-8, `weight_decay`), so that for
@@ -43,6 +44,10 @@ class Backend(Protocol):
     def set_lr(self, lr: float) -> None: ...
 
     def reset_optimizer(self) -> None: ...
+
+    def optimizer_state(self) -> dict: ...
+
+    def load_optimizer_state(self, sd: dict) -> None: ...
 
 
 class TorchBackend:
@@ -80,6 +85,12 @@ class TorchBackend:
     def reset_optimizer(self) -> None:
         self.optimizer = self._make_optimizer()
 
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, sd: dict) -> None:
+        self.optimizer.load_state_dict(sd)
+
 
 def deepspeed_config(cfg: LearnerConfig) -> dict:
     return {
@@ -109,6 +120,11 @@ class DeepSpeedBackend:
         import torch.distributed as dist
 
         if not dist.is_initialized():
+            if "WORLD_SIZE" not in os.environ:  # one process on its own (not started as a rank): a group of one
+                from transport.weights import free_port
+
+                os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=str(free_port()))
             deepspeed.init_distributed(dist_backend="gloo" if cfg.device == "cpu" else "nccl")
         self.cfg = cfg
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -145,6 +161,15 @@ class DeepSpeedBackend:
                     v.zero_()
                 elif k == "step":
                     state[k] = 0
+
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()  # ZeRO: this rank's partition (and its fp32 master slice)
+
+    def load_optimizer_state(self, sd: dict) -> None:
+        # ZeRO takes every rank's state and reads its own (same world size): ours is the one we have
+        self.optimizer.load_state_dict([sd if r == self.rank else None for r in range(self.world_size)],
+                                       load_from_fp32_weights=True)
 
 
 def make_backend(model: torch.nn.Module, cfg: LearnerConfig) -> Backend:

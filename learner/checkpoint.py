@@ -3,7 +3,8 @@
 A checkpoint is a folder `run_dir/checkpoints/step-<N>/` holding
     model/            the policy as a Hugging Face folder (config, tokenizer, model.safetensors) —
                       loadable by transformers and by vLLM
-    optimizer.pt      optimizer state
+    optimizer.pt      optimizer state (with several learner ranks: rank 0's shard; rank r's is in
+                      optimizer-rank<r>.pt, and state.json says how many ranks wrote it)
     state.json        step, policy version, data cursor (next fresh prompt id + prompts granted but not
                       yet consumed), RNG states (python, numpy, torch, the trainer's shuffling generator)
     manifest.json     every file's size, written last: a folder without it, or whose files differ from it,
@@ -71,7 +72,10 @@ class Checkpointer:
             shutil.rmtree(p, ignore_errors=True)
         (self.root / ".latest.tmp").unlink(missing_ok=True)
 
-    def save(self, state: dict, write_model: Callable[[Path], None]) -> Path:
+    def save(self, state: dict, write_model: Callable[[Path], None],
+             write_extra: Callable[[Path], None] | None = None) -> Path:
+        """Write checkpoint `state["meta"]["step"]`: the model folder by `write_model(folder)`, `optimizer.pt`,
+        anything `write_extra(checkpoint folder)` adds (other ranks' optimizer shards), state and manifest."""
         step = int(state["meta"]["step"])
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step-{step:06d}"
@@ -79,6 +83,8 @@ class Checkpointer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         write_model(tmp / "model")
+        if write_extra is not None:
+            write_extra(tmp)
         torch.save(state["optimizer"], tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state["meta"]))
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -122,7 +128,19 @@ class Checkpointer:
 
     def load(self, st: CheckpointState) -> dict:
         """The state saved in `st` (the model folder is `st.model_dir`, loaded by whoever builds the model)."""
-        return {"meta": st.meta, "optimizer": torch.load(st.path / "optimizer.pt")}
+        return {"meta": st.meta, "optimizer": self.load_optimizer(st.path, 0)}
+
+    @staticmethod
+    def load_optimizer(path: Path, rank: int) -> dict:
+        """Rank `rank`'s optimizer state in checkpoint folder `path`. A DeepSpeed ZeRO shard holds DeepSpeed's
+        own objects (loss scaler, partition maps), so it is unpickled in full: a checkpoint is this job's
+        own output, as trusted as the model code loaded from it."""
+        return torch.load(path / Checkpointer.optimizer_file(rank), weights_only=False)
+
+    @staticmethod
+    def optimizer_file(rank: int) -> str:
+        """Rank `rank`'s optimizer state in a checkpoint folder (rank 0's keeps the one-rank name)."""
+        return "optimizer.pt" if rank == 0 else f"optimizer-rank{rank}.pt"
 
     def _prune(self, newest: Path) -> None:
         olds = sorted(p for p in self.root.glob("step-*") if p != newest and not (p / "KEEP").exists())

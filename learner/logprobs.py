@@ -12,12 +12,13 @@ logits by the sampling temperature (and after top-p, which we keep at 1.0 for tr
 scores tokens under softmax(logits / temperature) too; π_old, πθ and μ are then the same family of
 distributions, and the TIS ratio π_old/μ measures only engine mismatch and staleness.
 
-Shared prompts (a known saving, not yet taken): the N completions of a group share one prompt, yet
-the decoder here processes prompt + completion for every sample. To compute the prompt once per group,
-run the decoder on the prompt alone with `use_cache=True`, expand the returned KV cache N times along
-the batch axis (`DynamicCache.batch_repeat_interleave`) and run the completions against it with
-`position_ids` offset by the prompt length; gradients then flow into the shared prompt activations once.
-`completion_hidden` below is the single place to change.
+Shared prompts (`pack(..., share_prompt=True)`, `learner.share_prompt`): the N completions of a group
+share one prompt. Then the decoder runs on the prompt once, recording every layer's keys and values
+(`PromptCache`), and on the completions against them, the prompt's K/V expanded along the batch; the
+prompt's last hidden state predicts every completion's first token. Gradients flow into the shared prompt
+activations once, summed over the completions, which is what the unshared computation gives (tested
+equal, with and without activation checkpointing: the cache stores nothing on a recomputation, so a
+checkpointed layer recomputes the same keys and values).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
 
 
 @dataclass
@@ -38,18 +40,33 @@ class PackedCompletions:
                                 token t (prompt_len − 1 + t); 0 where t is padding
     targets:        long[S, T]  completion token ids, right-padded with 0
     mask:           bool[S, T]  True on real completion tokens
+
+    Shared layout (`prompt` set; every sample has that prompt):
+    prompt:         long[P]     the shared prompt
+    input_ids:      long[S, L]  completion tokens but the last (they predict the next), right-padded
+    attention_mask: long[S, P + L]  1 on the prompt and on real tokens of input_ids
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    target_pos: torch.Tensor
+    target_pos: torch.Tensor | None
     targets: torch.Tensor
     mask: torch.Tensor
+    prompt: torch.Tensor | None = None
+
+    def token_counts(self) -> tuple[int, int]:
+        """(tokens the decoder processes, padding included; real ones): what padding costs."""
+        if self.prompt is None:
+            return self.input_ids.numel(), int(self.attention_mask.sum())
+        P = self.prompt.numel()
+        return P + self.input_ids.numel(), int(self.attention_mask.sum()) - (self.input_ids.shape[0] - 1) * P
 
 
 def pack(
-    prompts: list[list[int]], completions: list[list[int]], pad_id: int = 0, device: str | torch.device = "cpu"
+    prompts: list[list[int]], completions: list[list[int]], pad_id: int = 0, device: str | torch.device = "cpu",
+    share_prompt: bool = False,
 ) -> PackedCompletions:
+    """The samples as one batch; `share_prompt`: all of them have one prompt, computed once."""
     if len(prompts) != len(completions):
         raise ValueError(f"prompts ({len(prompts)}) and completions ({len(completions)}) differ in length")
     if not prompts:
@@ -58,6 +75,8 @@ def pack(
         if not p:
             raise ValueError(f"prompts[{i}] is empty: a completion needs at least one prompt token")
     S = len(prompts)
+    if share_prompt:
+        return _pack_shared(prompts, completions, pad_id, torch.device(device))
     L = max(len(p) + len(c) for p, c in zip(prompts, completions))
     T = max(1, max(len(c) for c in completions))
     ids = torch.full((S, L), pad_id, dtype=torch.long)
@@ -77,9 +96,75 @@ def pack(
     return PackedCompletions(ids.to(dev), att.to(dev), pos.to(dev), tgt.to(dev), msk.to(dev))
 
 
+def _pack_shared(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+                 dev: torch.device) -> PackedCompletions:
+    prompt = list(prompts[0])
+    if any(list(p) != prompt for p in prompts):
+        raise ValueError("share_prompt: the samples of one batch must have one prompt")
+    S, P = len(completions), len(prompt)
+    T = max(1, max(len(c) for c in completions))
+    L = T - 1
+    ids = torch.full((S, L), pad_id, dtype=torch.long)
+    att = torch.zeros((S, P + L), dtype=torch.long)
+    att[:, :P] = 1
+    tgt = torch.zeros((S, T), dtype=torch.long)
+    msk = torch.zeros((S, T), dtype=torch.bool)
+    for s, c in enumerate(completions):
+        if len(c) > 1:
+            ids[s, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+            att[s, P: P + len(c) - 1] = 1
+        if c:
+            tgt[s, : len(c)] = torch.tensor(c, dtype=torch.long)
+            msk[s, : len(c)] = True
+    return PackedCompletions(ids.to(dev), att.to(dev), None, tgt.to(dev), msk.to(dev),
+                             torch.tensor(prompt, dtype=torch.long, device=dev))
+
+
+class PromptCache(DynamicCache):
+    """Keys and values of a shared prompt, for running many completions against one prompt pass.
+
+    Recording (the prompt pass): a layer's first update stores its K/V; a later one (activation
+    checkpointing recomputing the layer in backward) stores nothing and returns its input, as the first did.
+    Reading (`reading = True`, the completions' pass): an update returns [prompt K/V expanded to the batch,
+    new K/V] and stores nothing, so a recomputation sees exactly what the forward saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = False
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        have = len(self.layers) > layer_idx and self.layers[layer_idx].is_initialized
+        if self.reading:
+            layer, b = self.layers[layer_idx], key_states.shape[0]
+            return (torch.cat([layer.keys.expand(b, -1, -1, -1), key_states], dim=-2),
+                    torch.cat([layer.values.expand(b, -1, -1, -1), value_states], dim=-2))
+        if have:
+            return key_states, value_states
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def _shared_hidden(decoder: torch.nn.Module, batch: PackedCompletions) -> torch.Tensor:
+    for layer in getattr(decoder, "layers", []):  # our cache is safe to keep through a checkpointed layer
+        layer._can_checkpoint_with_cache = True
+    cache = PromptCache()
+    h_prompt = decoder(input_ids=batch.prompt[None], past_key_values=cache, use_cache=True).last_hidden_state
+    S = batch.mask.shape[0]
+    first = h_prompt[:, -1:].expand(S, 1, -1)  # the prompt's last state predicts every first token
+    if batch.input_ids.shape[1] == 0:
+        hidden = first
+    else:
+        cache.reading = True
+        h = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, past_key_values=cache,
+                    use_cache=True).last_hidden_state
+        hidden = torch.cat([first, h], dim=1)
+    return hidden[batch.mask]
+
+
 def completion_hidden(model: torch.nn.Module, batch: PackedCompletions) -> torch.Tensor:
     """Final hidden states that predict each response token, flattened: [M, H], M = batch.mask.sum()."""
     decoder = model.get_decoder()
+    if batch.prompt is not None:
+        return _shared_hidden(decoder, batch)
     hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     rows = torch.gather(hidden, 1, batch.target_pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
     return rows[batch.mask]

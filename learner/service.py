@@ -25,8 +25,9 @@ from learner.batching import Admission, Batch, Batcher, Dispatcher, Membership
 from learner.diagnose import why_no_batch
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
 from learner.metrics import MetricsWriter, open_append
+from learner.ranks import Ranks, build_trainer, follow, join_ranks
 from learner.report import StepReport
-from learner.train_step import Trainer, TrainGroup
+from learner.train_step import TrainGroup
 from learner.validation import GroupValidator, identity_problem
 from transport import wire
 from transport.weights import WeightBroadcaster, WeightSyncError, free_port
@@ -40,28 +41,31 @@ class NonFiniteTraining(RuntimeError):
 
 
 def main(cfg: BrorlConfig, resume: bool) -> int:
+    """One learner rank: rank 0 (or the only one) serves; with `learner.devices` > 1 the others follow."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return asyncio.run(LearnerService(cfg, resume=resume).run())
+    cfg, ranks = join_ranks(cfg)
+    if ranks.rank == 0:
+        return asyncio.run(LearnerService(cfg, resume=resume, ranks=ranks).run())
+    return follow(cfg, ranks)
 
 
 class LearnerService:
-    def __init__(self, cfg: BrorlConfig, *, resume: bool = False):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    def __init__(self, cfg: BrorlConfig, *, resume: bool = False, ranks: Ranks | None = None):
         self.cfg = cfg
-        torch.manual_seed(cfg.learner.seed)
+        self.ranks = ranks or Ranks()
         self.ckpt = Checkpointer(cfg.run.run_dir, keep=cfg.learner.checkpoint_keep)
         self.ckpt.clean_leftovers()
         saved = self.ckpt.latest() if resume else None
-        # float32 master weights whatever model.dtype is: that is the compute (autocast) and serving dtype
-        model = AutoModelForCausalLM.from_pretrained(saved.model_dir if saved else cfg.model.path,
-                                                     dtype=torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        if saved is not None and int(saved.meta.get("ranks", 1)) != self.ranks.world:
+            raise ValueError(f"checkpoint {saved.path} was written by {saved.meta.get('ranks', 1)} learner ranks; "
+                             f"resume it with learner.devices = {saved.meta.get('ranks', 1)} (now "
+                             f"{self.ranks.world}): the optimizer state is sharded by rank")
+        self.ranks.command("start", [str(saved.path) if saved else ""] * self.ranks.world)
+        self.trainer, self.tokenizer = build_trainer(cfg, saved.model_dir if saved else cfg.model.path, self.ranks)
+        model = self.trainer.model
+        import torch
+
         self.serving_dtype = getattr(torch, cfg.model.dtype)
-        self.trainer = Trainer(model, cfg.learner, n_samples=cfg.actor.n_samples,
-                               temperature=cfg.actor.temperature, pad_id=self.tokenizer.eos_token_id,
-                               compute_dtype=self.serving_dtype)
         self.dispatcher = Dispatcher(cfg)
         self.admission = Admission(cfg.learner.max_staleness)
         self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
@@ -222,12 +226,17 @@ class LearnerService:
             self.trainer.model.save_pretrained(d, safe_serialization=True)
             self.tokenizer.save_pretrained(d)
 
-        return self.ckpt.save(self.state_dict(), write_model)
+        def write_shards(d: Path) -> None:  # every other rank writes its optimizer shard into the folder
+            self.ranks.command("save", [str(d)] * self.ranks.world)
+            self.ranks.barrier()
+
+        return self.ckpt.save(self.state_dict(), write_model, write_shards if self.ranks.world > 1 else None)
 
     def state_dict(self) -> dict:
         """Everything but the model weights that an exact resume needs (the model is saved beside it)."""
         t = self.trainer.state_dict()
-        meta = {"step": t["step"], "version": self.version, "dispatcher": self.dispatcher.state(),
+        meta = {"step": t["step"], "version": self.version, "ranks": self.ranks.world,
+                "dispatcher": self.dispatcher.state(),
                 "rng": {**rng_state(), "trainer": t["generator"].tolist()}}
         return {"meta": meta, "optimizer": t["optimizer"]}
 
@@ -478,6 +487,7 @@ class LearnerService:
                 await self.checkpoint_if_due(force=True)
             self._record({"end": self.version, "pending": sorted(self.dispatcher.pending)})
             await self.sockets.control.publish("stop")
+            self.ranks.stop_followers()  # only here: after an error a step may still be running in its thread
             return 0
         finally:
             for t in tasks:

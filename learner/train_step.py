@@ -19,7 +19,9 @@ Precision: the parameters and the AdamW state are float32 (master weights); `com
 `model.dtype`) is the dtype of the forward and backward passes (autocast) — a bf16 parameter updated in
 place by AdamW at RL learning rates rounds most updates away, so a model with bf16 or fp16 parameters is
 refused.
-With DeepSpeed and several ranks each rank trains on its slice of every mini-batch; its loss is scaled
+A step is `plan` (everything above that needs no model: dynamic sampling, advantages, the shuffle and
+every rank's micro-batches of each mini-batch, a `RankShare` per rank) then `run` (π_old, the updates). With
+several ranks (`learner/ranks.py`) rank 0 plans and hands each rank its share; each rank's loss is scaled
 by its share of the mini-batch's tokens so that the averaged gradient equals the single-process one.
 """
 
@@ -30,6 +32,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,6 +47,9 @@ from learner.algorithm import (
 from learner.backends import Backend, make_backend
 from learner.logprobs import pack, token_logprobs
 from transport import wire
+
+if TYPE_CHECKING:
+    from learner.ranks import Ranks
 
 
 @dataclass
@@ -81,6 +87,30 @@ class TrainGroup:
 
 
 @dataclass
+class Micro:
+    """One forward/backward pass of one rank: its samples and its weight in the mini-batch's loss."""
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    behav: list[list[float]]
+    """log μ of each completion token."""
+    adv: list[float]
+    """Â of each sample."""
+    weight: float
+    """world × (this pass's tokens, or sequences) / (the whole mini-batch's): the factor that makes the
+    ranks' averaged, accumulated gradient the mini-batch's token-mean; 0 for a padding pass."""
+
+
+@dataclass
+class RankShare:
+    """One rank's part of a step: for every mini-batch, its micro-batches (every rank has as many)."""
+
+    minibatches: list[list[Micro]]
+    skip: bool = False
+    """The step changes nothing (non-finite advantages): only the step counter moves."""
+
+
+@dataclass
 class StepState:
     step: int = 0
     """Completed training steps (= current policy version)."""
@@ -98,6 +128,7 @@ class Trainer:
         pad_id: int = 0,
         backend: Backend | None = None,
         compute_dtype: torch.dtype = torch.float32,
+        ranks: "Ranks | None" = None,
     ):
         low = sorted({str(p.dtype) for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)})
         if low:
@@ -113,6 +144,7 @@ class Trainer:
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.backend = backend or make_backend(model, cfg)
+        self.ranks = ranks  # rank 0 hands the others their shares through it (else every rank plans alike)
         self.state = StepState()
         self.samples_per_step = cfg.prompts_per_step * n_samples
         self.lr = scaled_lr(cfg.lr, cfg.lr_base_samples or self.samples_per_step, self.samples_per_step)
@@ -141,12 +173,12 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Step, optimizer state and the mini-batch shuffling generator: what an exact resume needs."""
-        return {"step": self.state.step, "optimizer": self.backend.optimizer.state_dict(),
+        return {"step": self.state.step, "optimizer": self.backend.optimizer_state(),
                 "generator": self._gen.get_state()}
 
     def load_state_dict(self, st: dict) -> None:
         self.state.step = int(st["step"])
-        self.backend.optimizer.load_state_dict(st["optimizer"])
+        self.backend.load_optimizer_state(st["optimizer"])
         self.backend.set_lr(self.lr)
         self._gen.set_state(st["generator"])
 
@@ -162,11 +194,22 @@ class Trainer:
             )
 
     def step(self, groups: list[TrainGroup]) -> dict[str, float]:
-        if not groups:
-            raise ValueError("groups is empty: a step needs at least one group")
+        """One training step on `groups` (rank 0, or the only process): plan it, hand every rank its share,
+        train on our own. Returns the step's metrics (summed or averaged over all ranks)."""
         self.updates_in_step = 0  # optimizer steps applied so far in this step (0: an exception changed nothing)
         t0 = time.perf_counter()
-        cfg, dev = self.cfg, self.cfg.device
+        metrics, shares = self.plan(groups)
+        ranks = self.ranks
+        metrics.update(self.run(ranks.command("step", shares) if ranks else shares[self.backend.rank]))
+        metrics["train_s"] = time.perf_counter() - t0
+        return metrics
+
+    def plan(self, groups: list[TrainGroup]) -> tuple[dict[str, float], list[RankShare]]:
+        """Dynamic sampling, advantages, the shuffle into `num_minibatches` mini-batches and every rank's
+        micro-batches of each (a share per rank). Also the step's group-level metrics."""
+        if not groups:
+            raise ValueError("groups is empty: a step needs at least one group")
+        cfg, world = self.cfg, self.world
         n = len(groups[0].rewards)
         if any(len(g.rewards) != n for g in groups):
             raise ValueError("groups differ in N; one step takes groups of one rollout size")
@@ -183,11 +226,9 @@ class Trainer:
             "lr": self.lr,
         }
         if not torch.isfinite(adv[keep]).all():  # e.g. rewards so large that their spread overflows
-            self.state.step += 1
-            metrics.update(nonfinite_skipped=float(cfg.num_minibatches), step_skipped=1.0, grad_norm=float("nan"),
-                           train_s=time.perf_counter() - t0)
-            return metrics
-        prompts, comps, behav, sample_adv = [], [], [], []
+            metrics.update(nonfinite_skipped=float(cfg.num_minibatches), step_skipped=1.0, grad_norm=float("nan"))
+            return metrics, [RankShare([], skip=True)] * world
+        prompts, comps, behav, sample_adv, group_of = [], [], [], [], []
         for gi, g in enumerate(groups):
             if not keep[gi]:
                 continue
@@ -196,17 +237,17 @@ class Trainer:
                 comps.append(g.completion_ids[i])
                 behav.append(g.behav_logp[i])
                 sample_adv.append(adv[gi, i].item())
+                group_of.append(gi)
         if not prompts:
             raise ValueError("no group survived dynamic sampling: the caller must backfill before a step")
         S = len(prompts)
+        metrics["samples"] = float(S)
         order = torch.randperm(S, generator=self._gen)
         mbs = [order[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
         mbs = [mb.sort().values for mb in mbs if len(mb)]
-        rank, world = self.backend.rank, self.backend.world_size
+        metrics["minibatches"] = float(len(mbs))
         seq_len = [len(p) + len(c) for p, c in zip(prompts, comps)]
-        # Cut every mini-batch (this rank's part of it) into micro-batches and recompute π_old for all of
-        # them once, before the first update: π_old is the policy at the start of the step.
-        work, padded, real = [], 0, 0
+        shares = [RankShare([]) for _ in range(world)]
         for mb in mbs:
             idx = mb.tolist()
             if len(idx) < world:
@@ -214,22 +255,43 @@ class Trainer:
             unit = {i: len(comps[i]) if cfg.loss_agg == "token-mean" else int(len(comps[i]) > 0) for i in idx}
             total = sum(unit.values())  # the whole mini-batch's (all ranks') tokens or sequences: the loss's divisor
             parts = [idx[slice(*self._rank_slice(len(idx), r, world))] for r in range(world)]
-            micro = [micro_batches(p, seq_len, cfg.micro_batch_tokens) for p in parts]
+            shared = (group_of, [len(p) for p in prompts]) if cfg.share_prompt else (None, None)
+            micro = [micro_batches(p, seq_len, cfg.micro_batch_tokens, *shared) for p in parts]
             count = max(len(m) for m in micro)  # the same on every rank: collectives stay in step
+            for r in range(world):
+                passes = []
+                for mi in even_out(micro[r], count):
+                    mine = sum(unit[i] for i in mi) if mi is not None else 0
+                    mi = mi if mi is not None else micro[r][0][:1]  # a pass that weighs 0
+                    passes.append(Micro([prompts[i] for i in mi], [comps[i] for i in mi], [behav[i] for i in mi],
+                                        [sample_adv[i] for i in mi], world * mine / total))
+                shares[r].minibatches.append(passes)
+        return metrics, shares
+
+    def run(self, share: RankShare) -> dict[str, float]:
+        """Train on this rank's share of a step: π_old (and π_ref) of every micro-batch first, then one
+        optimizer step per mini-batch. Every rank calls it with its own share; the metrics returned are
+        over all ranks."""
+        cfg, dev, world = self.cfg, self.cfg.device, self.world
+        self.updates_in_step = 0
+        if share.skip:
+            self.state.step += 1
+            return {}
+        # π_old is the policy at the start of the step: recomputed for every micro-batch before the first update
+        work, padded, real = [], 0, 0
+        for passes in share.minibatches:
             micros = []
-            for mi in even_out(micro[rank], count):
-                mine = sum(unit[i] for i in mi) if mi is not None else 0
-                mi = mi if mi is not None else micro[rank][0][:1]  # a pass that weighs 0
-                packed = pack([prompts[i] for i in mi], [comps[i] for i in mi], self.pad_id, dev)
+            for m in passes:
+                packed = pack(m.prompts, m.completions, self.pad_id, dev, share_prompt=cfg.share_prompt)
                 b = torch.zeros(packed.mask.shape, dtype=torch.float32)
-                for r, i in enumerate(mi):
-                    b[r, : len(behav[i])] = torch.tensor(behav[i], dtype=torch.float32)
-                a = torch.tensor([sample_adv[i] for i in mi], dtype=torch.float32)
+                for r, lp in enumerate(m.behav):
+                    b[r, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+                a = torch.tensor(m.adv, dtype=torch.float32)
                 old, _ = self._logp(self.model, packed, grad=False)
                 ref = self._logp(self.state.ref_model, packed, grad=False)[0] if self.state.ref_model else None
-                micros.append((packed, old, b.to(dev), a.to(dev), ref, world * mine / total))
-                padded += packed.input_ids.numel()
-                real += int(packed.attention_mask.sum())
+                micros.append((packed, old, b.to(dev), a.to(dev), ref, m.weight))
+                counts = packed.token_counts()
+                padded, real = padded + counts[0], real + counts[1]
             work.append(micros)
         totals: dict[str, float] = {}
         grad_norms = []
@@ -245,7 +307,7 @@ class Trainer:
                 )
                 # every rank agrees on each part (the same number of parts everywhere); after a non-finite
                 # one the mini-batch is skipped: no more backward, no optimizer step
-                finite = finite and _finite_everywhere(loss, world)
+                finite = finite and self._finite_everywhere(loss)
                 if finite:
                     self.backend.backward(loss * weight, boundary=k == len(micros) - 1)
                 m["loss"] = loss.item()
@@ -261,29 +323,52 @@ class Trainer:
             self.updates_in_step += 1
             grad_norms.append(norm)
             for m, weight in parts_m:
-                share = weight / world  # this micro-batch's part of the mini-batch mean
+                share_w = weight / world  # this micro-batch's part of the mini-batch mean
                 for k, v in m.items():
-                    totals[k] = totals.get(k, 0.0) + v * (1.0 if k == "train_tokens" else share)
-        if world > 1:
-            totals = _all_reduce_sum(totals)
+                    totals[k] = totals.get(k, 0.0) + v * (1.0 if k == "train_tokens" else share_w)
+        totals["_padded"], totals["_real"] = float(padded), float(real)
+        totals = self._sum_over_ranks(totals)
+        padded, real = totals.pop("_padded"), totals.pop("_real")
         used = max(1, len(work) - skipped)  # means over the mini-batches that were applied
-        totals = {k: v if k == "train_tokens" else v / used for k, v in totals.items()}
+        metrics = {k: v if k == "train_tokens" else v / used for k, v in totals.items()}
         self.state.step += 1
         if cfg.ref_reset_interval and self.state.step % cfg.ref_reset_interval == 0:
             self.reset_reference()
             metrics["ref_reset"] = 1.0
-        metrics.update(totals)
         metrics.update(
             grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             nonfinite_skipped=float(skipped),
             step_skipped=float(skipped == len(work)),
-            samples=float(S),
-            minibatches=float(len(mbs)),
-            micro_batches=float(sum(len(m) for m in work)),
-            padding_frac=1.0 - real / max(padded, 1),  # of this rank's passes (sequences sorted by length)
-            train_s=time.perf_counter() - t0,
+            micro_batches=float(sum(len(m) for m in work)),  # of one rank (every rank makes as many passes)
+            padding_frac=1.0 - real / max(padded, 1.0),  # of all ranks' passes (sequences sorted by length)
+            decoder_tokens=padded,  # positions one pass over the step's samples runs the decoder on (all ranks)
         )
         return metrics
+
+    @property
+    def world(self) -> int:
+        return self.backend.world_size
+
+    def _reduce(self, values: list[float], op: str) -> list[float]:
+        """`values` reduced over the ranks (op "sum" or "min"): on the ranks' gloo command group if there
+        is one, else on the training backend's group."""
+        if self.world == 1:
+            return values
+        import torch.distributed as dist
+
+        group = self.ranks.group if self.ranks else None
+        dev = "cpu" if group is not None else self.cfg.device
+        t = torch.tensor(values, dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MIN, group=group)
+        return t.tolist()
+
+    def _finite_everywhere(self, loss: torch.Tensor) -> bool:
+        """Is the loss finite on every rank? (All ranks must skip the same mini-batch together.)"""
+        return self._reduce([float(torch.isfinite(loss.detach()).item())], "min")[0] > 0
+
+    def _sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
+        keys = sorted(values)
+        return dict(zip(keys, self._reduce([values[k] for k in keys], "sum")))
 
     @staticmethod
     def _rank_slice(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -304,16 +389,27 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     model.train()
 
 
-def micro_batches(idx: list[int], seq_len: list[int], budget: int) -> list[list[int]]:
+def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[int] | None = None,
+                  prompt_len: list[int] | None = None) -> list[list[int]]:
     """`idx` sorted by sequence length (longest first) and cut greedily into runs of at most `budget`
-    padded tokens (rows × the run's longest); a sample longer than the budget goes alone. 0: one run."""
+    padded tokens (rows × the run's longest); a sample longer than the budget goes alone. 0: one run.
+    With `group` (shared prompts): a run holds samples of one group only, and costs its prompt once plus
+    rows × its longest completion (0: one run per group)."""
     if not idx:
         return []
-    if budget <= 0:
-        return [list(idx)]
+    if group is None:
+        def fits(run: list[int]) -> bool:
+            return budget <= 0 or (len(run) + 1) * seq_len[run[0]] <= budget
+        key = lambda i: (-seq_len[i], i)  # noqa: E731
+    else:
+        assert prompt_len is not None
+        def fits(run: list[int]) -> bool:
+            p = prompt_len[run[0]]
+            return budget <= 0 or p + (len(run) + 1) * (seq_len[run[0]] - p) <= budget
+        key = lambda i: (group[i], -seq_len[i], i)  # noqa: E731
     out: list[list[int]] = []
-    for i in sorted(idx, key=lambda i: (-seq_len[i], i)):
-        if out and (len(out[-1]) + 1) * seq_len[out[-1][0]] <= budget:
+    for i in sorted(idx, key=key):
+        if out and (group is None or group[out[-1][0]] == group[i]) and fits(out[-1]):
             out[-1].append(i)
         else:
             out.append([i])
@@ -331,22 +427,3 @@ def even_out(micro: list[list[int]], count: int) -> list[list[int] | None]:
         micro.remove(big)
         micro += [big[: len(big) // 2], big[len(big) // 2:]]
     return micro + [None] * (count - len(micro))
-
-
-def _finite_everywhere(loss: torch.Tensor, world: int) -> bool:
-    """Is the loss finite on every rank? (All ranks must skip the same mini-batch together.)"""
-    ok = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    return bool(ok.item() > 0)
-
-
-def _all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
-    import torch.distributed as dist
-
-    keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))

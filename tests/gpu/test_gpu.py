@@ -91,3 +91,54 @@ def test_vllm_cuda_logprobs_and_nccl_weight_broadcast(tiny_model_dir):
     assert (version, checksum) == (1, sent)
     err_new, err_old = behaviour_error(model), behaviour_error(old)
     assert err_new < 5e-2 and err_old > 10 * err_new, (err_new, err_old)  # it samples from the new weights
+
+
+@pytest.mark.gpu
+def test_two_nccl_learner_ranks_match_one_rank(tiny_model_dir, tmp_path):
+    """The service's rank protocol on 2 GPUs (DeepSpeed ZeRO-2 over NCCL, rank 0 handing rank 1 its share)
+    gives the single-process step's losses and weights."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.integration.test_train_step import _run_worker
+
+    assert torch.cuda.device_count() >= 2, "this test needs 2 GPUs"
+    ref_m, ref_w = _run_worker(tiny_model_dir, tmp_path / "one", "torch", 1, device="cuda")
+    m, w = _run_worker(tiny_model_dir, tmp_path / "two", "deepspeed-ranks", 2, micro_batch_tokens=40, device="cuda")
+    assert m["world"] == 2
+    assert m["losses"] == pytest.approx(ref_m["losses"], rel=1e-3, abs=1e-5)
+    init = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    diff = update = 0.0
+    for k, v in ref_w.items():
+        diff += (w[k] - v).float().pow(2).sum().item()
+        update += (v - init[k]).float().pow(2).sum().item()
+    assert update > 0 and (diff / update) ** 0.5 < 1e-2, (diff / update) ** 0.5
+
+
+@pytest.mark.gpu
+async def test_brorl_learner_on_two_gpus_trains_checkpoints_and_resumes(tiny_model_dir, tmp_path):
+    """`brorl learner` with learner.devices = 2 on CUDA (NCCL between the ranks) against FakeActors."""
+    from tests.integration.test_learner_ranks import test_two_learner_ranks_train_checkpoint_and_resume as run
+
+    assert torch.cuda.device_count() >= 2, "this test needs 2 GPUs"
+    await run(tiny_model_dir, tmp_path, device="cuda")
+
+
+@pytest.mark.gpu
+def test_shared_prompt_in_bf16_on_cuda_matches_unshared(tiny_model_dir):
+    """The shared prompt on CUDA under bf16 autocast (flash/efficient attention kernels): log-probs within
+    bf16 noise of the unshared computation."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.logprobs import pack, token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda()
+    g = torch.Generator().manual_seed(0)
+    vocab = model.get_input_embeddings().num_embeddings
+    prompt = torch.randint(0, vocab, (12,), generator=g).tolist()
+    comps = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 1, 4, 7)]
+    out = []
+    for share in (False, True):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            lp, _ = token_logprobs(model, pack([prompt] * 4, comps, device="cuda", share_prompt=share))
+        out.append(lp.float().cpu())
+    assert (out[0] - out[1]).abs().max().item() < 0.05

@@ -115,14 +115,14 @@ def test_every_rank_gets_a_part_of_every_mini_batch(world):
 
 
 
-def _run_worker(model_dir, out, backend, world, steps=2, micro_batch_tokens=0):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "WORLD_SIZE": str(world), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+def _run_worker(model_dir, out, backend, world, steps=2, micro_batch_tokens=0, device="cpu"):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1", **({"DS_ACCELERATOR": "cpu"} if device == "cpu" else {})}
     procs = []
     for rank in range(world):
         e = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         procs.append(subprocess.Popen([sys.executable, "-m", "tests.support.ds_worker", model_dir, str(out), backend,
-                                       str(steps), str(micro_batch_tokens)], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                                       str(steps), str(micro_batch_tokens), device], cwd=ROOT, env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     try:
         logs = [p.communicate(timeout=300)[0] for p in procs]
@@ -136,13 +136,15 @@ def _run_worker(model_dir, out, backend, world, steps=2, micro_batch_tokens=0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,micro", [(1, 0), (2, 0), (2, 40)])
-def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, world, micro):
-    """DeepSpeed ZeRO-2 on 1 or 2 gloo ranks gives the single-process torch step; with token-budget
+@pytest.mark.parametrize("world,micro,mode", [(1, 0, "deepspeed"), (2, 0, "deepspeed"), (2, 40, "deepspeed"),
+                                              (2, 40, "deepspeed-ranks"), (3, 0, "deepspeed-ranks")])
+def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, world, micro, mode):
+    """DeepSpeed ZeRO-2 on 1, 2 or 3 gloo ranks gives the single-process torch step; with token-budget
     micro-batches (ranks cut their parts into as many passes each, gradients accumulated to one boundary)
-    too."""
+    too; and so does the service's protocol, where rank 0 plans the step and hands each rank only its
+    share ("deepspeed-ranks")."""
     ref_m, ref_w = _run_worker(tiny_model_dir, tmp_path / "torch", "torch", 1)
-    ds_m, ds_w = _run_worker(tiny_model_dir, tmp_path / "ds", "deepspeed", world, micro_batch_tokens=micro)
+    ds_m, ds_w = _run_worker(tiny_model_dir, tmp_path / "ds", mode, world, micro_batch_tokens=micro)
     assert ds_m["world"] == world
     assert all(n > 2 for n in ds_m["micro_batches"]) if micro else ds_m["micro_batches"] == [2, 2]
     assert ds_m["losses"] == pytest.approx(ref_m["losses"], rel=1e-4, abs=1e-6)
@@ -252,7 +254,77 @@ def test_micro_batches_respect_the_budget_and_even_out_across_ranks():
     assert sorted(i for r in runs for i in r) == list(range(8))
     assert all(len(r) * max(seq_len[i] for i in r) <= 18 or len(r) == 1 for r in runs)
     assert runs[0] == [4]  # 20 tokens: over the budget, alone
-    assert micro_batches([3, 1], seq_len, 0) == [[3, 1]]
+    assert micro_batches([3, 1], seq_len, 0) == [[1, 3]]  # no budget: one run (longest first)
     even = even_out([[0, 1, 2], [3]], 4)
     assert len(even) == 4 and sorted(i for r in even if r for i in r) == [0, 1, 2, 3]
     assert even_out([[0]], 3) == [[0], None, None]  # passes that weigh nothing keep ranks in step
+
+
+@pytest.fixture
+def float64_norms(monkeypatch):
+    """transformers' Qwen2RMSNorm computes in float32 even in a float64 model; sharing a prompt sums its
+    tokens' gradients before that norm instead of after, which float32 rounds at ~1e-7. In float64
+    throughout, the shared and unshared computations agree to ~1e-13."""
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+
+    def forward(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+    monkeypatch.setattr(qwen2.Qwen2RMSNorm, "forward", forward)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(tiny_model_dir, float64_norms, checkpointing):
+    """The prompt computed once (its keys and values reused by every completion, completions of different
+    lengths, one of none) gives each token's log-prob and every parameter's gradient as the unshared
+    computation does, also when the decoder layers are recomputed in backward (activation checkpointing)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+    g = torch.Generator().manual_seed(0)
+    vocab = model.get_input_embeddings().num_embeddings
+    prompt = torch.randint(0, vocab, (9,), generator=g).tolist()
+    comps = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (6, 1, 0, 3, 6, 2)]
+    out = []
+    for share in (False, True):
+        model.zero_grad()
+        batch = pack([prompt] * len(comps), comps, share_prompt=share)
+        assert (batch.prompt is not None) == share
+        lp, ent = token_logprobs(model, batch)
+        weights = torch.randn(lp.shape, generator=g.manual_seed(1), dtype=lp.dtype)
+        (lp * weights).sum().backward()
+        out.append((lp.detach(), ent, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}))
+    (lp0, ent0, g0), (lp1, ent1, g1) = out
+    torch.testing.assert_close(lp1, lp0, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ent1, ent0, rtol=1e-12, atol=1e-12)
+    assert set(g1) == set(g0) and len(g0) > 10
+    for k, v in g0.items():
+        torch.testing.assert_close(g1[k], v, rtol=1e-10, atol=1e-11, msg=k)
+    with pytest.raises(ValueError, match="one prompt"):
+        pack([prompt, prompt[1:]], comps[:2], share_prompt=True)
+
+
+def test_a_step_with_shared_prompts_equals_the_unshared_step(tiny_model_dir, float64_norms):
+    """`learner.share_prompt`: micro-batches of one group each, its prompt computed once; the step's loss and
+    every mini-batch's gradient are those of the unshared step, and the decoder processes fewer tokens."""
+    groups, eos = fixed_groups(tiny_model_dir)
+    for g in groups:  # a longer shared prompt, completions of different lengths
+        g.prompt_ids = g.prompt_ids * 4
+        g.completion_ids = [c + [eos] * (i % 5) for i, c in enumerate(g.completion_ids)]
+        g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
+    ref_m, ref_g = _one_step(tiny_model_dir, groups, eos)
+    for over in ({"share_prompt": True}, {"share_prompt": True, "micro_batch_tokens": 30},
+                 {"share_prompt": True, "activation_checkpointing": True}):
+        m, grads = _one_step(tiny_model_dir, groups, eos, **over)
+        assert m["loss"] == pytest.approx(ref_m["loss"], rel=1e-10, abs=1e-12), over
+        assert m["train_tokens"] == ref_m["train_tokens"]
+        assert m["micro_batches"] >= len(groups) // 2  # a mini-batch holds ~half the groups: one pass each
+        assert m["decoder_tokens"] < ref_m["decoder_tokens"], (m["decoder_tokens"], ref_m["decoder_tokens"])
+        for mine, ref in zip(grads, ref_g):
+            for k, v in ref.items():
+                torch.testing.assert_close(mine[k], v, rtol=1e-9, atol=1e-12, msg=lambda s: f"{over} {k}: {s}")
+    from learner.train_step import micro_batches
+    runs = micro_batches(list(range(6)), [10, 12, 11, 14, 10, 13], 15, group=[0, 1, 0, 1, 0, 1],
+                         prompt_len=[8] * 6)
+    assert all(len({i % 2 for i in r}) == 1 for r in runs)  # one group per run
+    assert all(8 + len(r) * (max([10, 12, 11, 14, 10, 13][i] for i in r) - 8) <= 15 or len(r) == 1 for r in runs)

@@ -7,20 +7,40 @@ import sys
 import torch
 
 
-def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens: int = 0) -> None:
+def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens: int = 0, device: str = "cpu") -> None:
+    """backend "deepspeed-ranks": DeepSpeed with the service's rank protocol (rank 0 plans every step and
+    hands each rank its share; the others follow); "deepspeed": every rank plans the whole step itself."""
+    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
     from config.schema import LearnerConfig
+    from learner.ranks import Ranks
     from learner.train_step import Trainer
     from tests.support.train_fixtures import fixed_groups
 
+    ranks = None
+    if device == "cuda":
+        import os
+
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    if backend == "deepspeed-ranks":
+        backend = "deepspeed"
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        ranks = Ranks()
     torch.manual_seed(0)
     groups, eos = fixed_groups(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = LearnerConfig(backend=backend, prompts_per_step=len(groups), num_minibatches=2, lr=1e-3,
-                        zero_stage=2, seed=0, micro_batch_tokens=micro_batch_tokens)
-    tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
+                        zero_stage=2, seed=0, micro_batch_tokens=micro_batch_tokens, device=device)
+    tr = Trainer(model, cfg, n_samples=8, pad_id=eos, ranks=ranks)
+    if ranks is not None and ranks.rank > 0:
+        ranks.follow(tr)
+        return
     metrics = [tr.step(groups) for _ in range(steps)]
+    if ranks is not None:
+        ranks.stop_followers()
     losses = [m["loss"] for m in metrics]
     rank = tr.backend.rank
     if rank == 0:
@@ -31,4 +51,5 @@ def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0)
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0,
+         sys.argv[6] if len(sys.argv) > 6 else "cpu")

@@ -113,3 +113,19 @@ def test_nucleus_sampling_for_training_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match=r"actor.top_p \(0.95\) must be 1.0 for training.*biased"):
         load_config("tiny-cpu", {"actor.top_p": 0.95})
     assert load_config("tiny-cpu", {"actor.top_p": 1.0}).actor.top_p == 1.0
+
+
+@pytest.mark.parametrize("over,why", [
+    ({"learner.devices": 2}, r'learner.devices = 2 needs learner.backend = "deepspeed"'),
+    ({"learner.devices": 2, "learner.backend": "deepspeed", "learner.device": "cuda:1"},
+     r"learner.device 'cuda:1' names one device but learner.devices = 2"),
+    ({"learner.devices": 2, "learner.backend": "deepspeed", "learner.zero_stage": 3},
+     r"learner.zero_stage = 3 with learner.devices > 1 is not supported"),
+    ({"learner.devices": 8, "learner.backend": "deepspeed", "learner.prompts_per_step": 1, "actor.n_samples": 4,
+      "learner.num_minibatches": 1}, r"a rank would get no sample of a mini-batch"),
+])
+def test_learner_ranks_settings_that_cannot_work_are_refused(over, why):
+    with pytest.raises(ConfigError, match=why):
+        load_config("tiny-cpu", over)
+    ok = load_config("tiny-cpu", {"learner.devices": 2, "learner.backend": "deepspeed"})
+    assert ok.learner.devices == 2

@@ -1,0 +1,260 @@
+"""The learner at the paper's scale, on GPUs: `python -m bench.learner --gpu` (one GPU; the scaling case
+starts 1 and 2 ranks, so it needs 2).
+
+A locally built Qwen2-1.5B-shaped model (random initialisation, float32 master weights) and synthetic
+groups (random tokens; a third of each group correct), trained with the `brorl-1.5b` preset's learner
+settings (DeepSpeed ZeRO-2, bf16 autocast, 65,536-token micro-batches, activation checkpointing, 4 PPO
+mini-batches) unless a case says otherwise. Each case runs in a fresh process (its own peak memory).
+
+Cases:
+  longest   one group of N = 512 with 8 completions of L tokens and 504 of 256: the longest L that trains
+  mfu       learner tokens/s and model FLOPs utilisation at 4,096-token responses (the second step timed),
+            with activation checkpointing (the preset) and without (8,192-token micro-batches)
+  shared    the shared prompt (`learner.share_prompt`) against the unshared step: N = 512 with 2,048-token
+            prompts and 1,024-token completions, and the paper's shape (256-token prompts, 4,096-token
+            completions, N = 64: the saving per sample does not depend on N once a pass holds a group)
+  scale     ZeRO-2 on 1 and 2 ranks, the same step (8 groups × N = 64, 256 + 1,024 tokens), second step timed
+
+Model FLOPs of a step: per sample of s = prompt + completion tokens and r response tokens, one forward is
+2·P·s + 2·layers·d·s² (matmuls over the P non-embedding parameters; causal attention) + 2·V·d·r (the LM
+head, on response tokens only); a step runs the π_old forward and the training forward and backward:
+4 forwards' worth. Recomputation (activation checkpointing) does not count. MFU = those FLOPs / step
+time / the card's dense bf16 peak (H100 and H200 SXM: 989 TFLOP/s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+QWEN_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2, vocab_size=151_936)
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
+
+
+def model_15b(device: str, max_len: int = 40_960):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(**QWEN_15B, max_position_embeddings=max_len, tie_word_embeddings=True,
+                      attn_implementation="sdpa")
+    with torch.device(device):
+        return Qwen2ForCausalLM(cfg).float()
+
+
+def synthetic_groups(groups: int, n: int, prompt_len: int, comp_lens: list[int], vocab: int, seed: int = 0):
+    """`groups` groups of n completions; completion i has comp_lens[i % len(comp_lens)] tokens."""
+    import torch
+
+    from learner.train_step import TrainGroup
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(groups):
+        prompt = torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
+        comps = [torch.randint(0, vocab, (comp_lens[i % len(comp_lens)],), generator=g).tolist() for i in range(n)]
+        correct = [i % 3 == 0 for i in range(n)]
+        out.append(TrainGroup(prompt, comps, [[-3.0] * len(c) for c in comps], [float(c) for c in correct], correct))
+    return out
+
+
+def step_flops(groups, shape: dict = QWEN_15B) -> float:
+    d, layers, V = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]
+    kv = d * shape["num_key_value_heads"] // shape["num_attention_heads"]
+    per_layer = d * d * 2 + d * kv * 2 + 3 * d * shape["intermediate_size"]  # q, o; k, v; gate, up, down
+    P = layers * per_layer
+    fwd = 0.0
+    for g in groups:
+        for c in g.completion_ids:
+            s, r = len(g.prompt_ids) + len(c), len(c)
+            fwd += 2 * P * s + 2 * layers * d * s * s + 2 * V * d * r
+    return 4 * fwd
+
+
+def peak_flops() -> float:
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    return next((v for k, v in PEAK_BF16.items() if k in name), float("nan"))
+
+
+def preset_learner(preset: str = "brorl-1.5b", **over):
+    from config.loader import load_config
+
+    cfg = load_config(preset, {f"learner.{k}": v for k, v in over.items()})
+    return cfg.learner
+
+
+def run_step(groups, learner_cfg, steps: int = 1, ranks=None) -> dict:
+    """Build the model and the trainer as the learner does, run `steps` steps; time the last."""
+    import torch
+
+    from learner.train_step import Trainer
+
+    model = model_15b(learner_cfg.device)
+    tr = Trainer(model, learner_cfg, n_samples=len(groups[0].rewards), compute_dtype=torch.bfloat16, ranks=ranks)
+    if ranks is not None and ranks.rank > 0:
+        ranks.follow(tr)
+        return {}
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        m = tr.step(groups)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    if ranks is not None:
+        ranks.stop_followers()
+    flops = step_flops(groups)
+    seq_tokens = sum(len(g.prompt_ids) + len(c) for g in groups for c in g.completion_ids)
+    world = ranks.world if ranks is not None else 1
+    return {"seconds": dt, "samples": sum(len(g.rewards) for g in groups), "seq_tokens": seq_tokens,
+            "response_tokens": m["train_tokens"], "tokens_per_s": seq_tokens / dt, "tflops": flops / dt / 1e12,
+            "mfu": flops / dt / (world * peak_flops()),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "micro_batches": m["micro_batches"],
+            "padding_frac": m["padding_frac"], "decoder_tokens": m["decoder_tokens"], "loss": m["loss"],
+            "ok": True}
+
+
+def case(kind: str, p: dict) -> dict:
+    import torch
+
+    if kind == "longest":
+        lc = preset_learner(p.get("preset", "brorl-1.5b"), prompts_per_step=1)
+        groups = synthetic_groups(1, 512, 256, [p["L"]] * 8 + [256] * 504, QWEN_15B["vocab_size"])
+        try:
+            r = run_step(groups, lc)
+        except torch.OutOfMemoryError as e:
+            return {"L": p["L"], "ok": False, "error": str(e)[:200]}
+        return {"L": p["L"], "preset": p.get("preset", "brorl-1.5b"), **r}
+    if kind == "mfu":
+        over = {k: v for k, v in p.items() if k in ("activation_checkpointing", "micro_batch_tokens", "share_prompt")}
+        lc = preset_learner(prompts_per_step=p["groups"], **over)
+        groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
+        return {**p, **run_step(groups, lc, steps=p.get("steps", 1))}
+    if kind == "scale":
+        from learner.ranks import join_ranks  # noqa: F401  (the env is set by `ranks`)
+        from config.loader import load_config
+
+        cfg = load_config("brorl-1.5b", {"learner.prompts_per_step": p["groups"], "actor.n_samples": p["n"],
+                                         "learner.devices": int(os.environ.get("WORLD_SIZE", "1"))})
+        cfg, ranks = join_ranks(cfg)
+        groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
+        return {**p, "ranks": ranks.world, **run_step(groups, cfg.learner, steps=2, ranks=ranks)}
+    raise ValueError(kind)
+
+
+def ranks(world: int, args: list[str], timeout: float = 1200) -> dict:
+    """`python -m bench.learner args` as `world` ranks (torch.distributed env); rank 0's JSON line."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world)}
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.learner", *args], cwd=root, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world)]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"bench.learner {args} rank failed:\n{e[-3000:]}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+def main(quick: bool = False, only: str = "") -> None:
+    """Every case (or those named in `only`, comma-separated: longest, mfu, shared, scale; the others are
+    kept from bench/results/learner_gpu.json, so a sweep can be run in parts)."""
+    import torch
+
+    from bench.common import RESULTS, run_isolated, stamp, table, write_json
+
+    gpus = torch.cuda.device_count()
+    want = set(only.split(",")) if only else {"longest", "mfu", "shared", "scale"}
+    old = json.loads((RESULTS / "learner_gpu.json").read_text()) if only and (RESULTS / "learner_gpu.json").exists() else {}
+    one = lambda kind, p: run_isolated("bench.learner", ["--case", f"gpu-{kind}:{json.dumps(p)}"], timeout=1800)  # noqa: E731
+    longest, mfu, shared, scale = (old.get(k, []) for k in ("longest", "mfu", "shared", "scale"))
+    if "longest" in want:
+        longest = [one("longest", {"L": L}) for L in ((16_384,) if quick else (8_192, 16_384, 32_768))]
+    if "mfu" in want:
+        mfu = [one("mfu", {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2}),
+               one("mfu", {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2,
+                           "activation_checkpointing": False, "micro_batch_tokens": 8192})]
+    for shape in ({"groups": 1, "n": 512, "prompt": 2048, "completion": 1024},
+                  {"groups": 1, "n": 64, "prompt": 256, "completion": 4096}):
+        if "shared" not in want:
+            break
+        if shape["n"] == 512:
+            shared = []
+        if quick and shape["n"] == 512:
+            shape = {**shape, "n": 128}
+        base = one("mfu", shape)
+        mine = one("mfu", {**shape, "share_prompt": True})
+        print(f"  shared {shape}: {base['tokens_per_s']:.0f} -> {mine['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+        shared.append({**shape, "unshared_tok_s": base["tokens_per_s"], "shared_tok_s": mine["tokens_per_s"],
+                       "speedup": mine["tokens_per_s"] / base["tokens_per_s"],
+                       "decoder_tokens_ratio": base["decoder_tokens"] / mine["decoder_tokens"],
+                       "unshared_s": base["seconds"], "shared_s": mine["seconds"]})
+    if "scale" in want and gpus >= 2:
+        scale = []
+        p = {"groups": 4 if quick else 8, "n": 64, "prompt": 256, "completion": 1024}
+        for w in (1, 2):
+            scale.append(ranks(w, ["--case", f"gpu-scale:{json.dumps(p)}"]))
+            print(f"  scale {w} ranks: {scale[-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+        for r in scale:
+            r["speedup"] = r["tokens_per_s"] / scale[0]["tokens_per_s"]
+
+    print("\nLongest response that trains, N = 512 (8 completions of L tokens, 504 of 256), brorl-1.5b settings")
+    print(table(longest, ["L", "ok", "seconds", "peak_gib", "tokens_per_s", "micro_batches"]))
+    print("\nThroughput and MFU at 4,096-token responses (64 samples, 256-token prompts)")
+    print(table(mfu, ["activation_checkpointing", "micro_batch_tokens", "seconds", "tokens_per_s", "tflops", "mfu",
+                      "peak_gib"]))
+    print("\nShared prompt: tokens/s of the whole step, unshared against shared")
+    print(table(shared, ["n", "prompt", "completion", "unshared_tok_s", "shared_tok_s", "speedup",
+                         "decoder_tokens_ratio"]))
+    if scale:
+        print("\nZeRO-2 scaling, the same step on 1 and 2 ranks")
+        print(table(scale, ["ranks", "seconds", "tokens_per_s", "speedup", "mfu", "peak_gib"]))
+    path = write_json("learner_gpu", {"longest": longest, "mfu": mfu, "shared": shared, "scale": scale,
+                                      **({"parts": {**old.get("parts", {}), **{k: stamp() for k in want}}})})
+    _plot(longest, mfu, shared, scale, path.with_suffix(".png"), stamp())
+    print(f"\nwrote {path} and {path.with_suffix('.png')}")
+
+
+def _plot(longest, mfu, shared, scale, out, st: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    ok = [r for r in longest if r.get("ok")]
+    axes[0].bar([str(r["L"]) for r in ok], [r["peak_gib"] for r in ok])
+    axes[0].set_xlabel("longest completion (tokens), N = 512")
+    axes[0].set_ylabel("peak GPU memory (GiB)")
+    labels = [f"N={r['n']}\n{r['prompt']}+{r['completion']}" for r in shared]
+    x = range(len(shared))
+    axes[1].bar([i - 0.2 for i in x], [r["unshared_tok_s"] for r in shared], 0.4, label="unshared")
+    axes[1].bar([i + 0.2 for i in x], [r["shared_tok_s"] for r in shared], 0.4, label="shared prompt")
+    axes[1].set_xticks(list(x), labels)
+    axes[1].set_ylabel("learner tokens/s")
+    axes[1].legend()
+    if scale:
+        axes[2].plot([r["ranks"] for r in scale], [r["speedup"] for r in scale], "o-", label="measured")
+        axes[2].plot([1, 2], [1, 2], "k:", label="linear")
+        axes[2].set_xlabel("GPUs (ZeRO-2)")
+        axes[2].set_ylabel("speed-up")
+        axes[2].legend()
+    else:
+        axes[2].bar([str(r.get("activation_checkpointing")) for r in mfu], [100 * r["mfu"] for r in mfu])
+        axes[2].set_xlabel("activation checkpointing")
+        axes[2].set_ylabel("MFU (%)")
+    fig.suptitle(f"Learner, Qwen2-1.5B shape, {st.get('device', '?')}, torch {st.get('torch', '?')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)

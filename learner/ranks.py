@@ -1,0 +1,151 @@
+"""The learner's ranks on one host: rank 0 serves, the others follow (`learner.devices` > 1).
+
+`brorl learner` with `learner.devices = K` starts K processes (`cli/learner.py`), one per GPU (or per
+gloo rank on CPU), with the usual torch.distributed env (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT). Rank 0 runs the whole service: sockets, batching, the ledger, held-out evaluation,
+checkpoints and the weight broadcast to the actors (under ZeRO-2 every rank holds the full parameters, so
+rank 0 sends its own). The other ranks hold a model and a DeepSpeed engine and do what rank 0 tells them,
+one command at a time, over a gloo group of their own (commands are small Python objects; the training
+collectives stay on DeepSpeed's group, NCCL on GPUs):
+
+    ("step", RankShare)   train on this share of the step (`learner.train_step.Trainer.run`)
+    ("save", folder)      write this rank's optimizer shard into the checkpoint folder being written
+    ("stop", None)        leave
+
+A rank gets only its own micro-batches (`scatter_object_list`), never the whole batch. A rank that dies
+ends the learner: the launcher (`cli/learner.py`) sees it exit and stops the others, and the job resumes
+from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from config.schema import BrorlConfig
+from learner.checkpoint import Checkpointer
+from learner.train_step import Trainer
+
+log = logging.getLogger("brorl.learner")
+
+FOLLOW_TIMEOUT = datetime.timedelta(days=30)
+"""How long a following rank waits for rank 0's next command (rank 0 may wait a long time for data)."""
+
+
+def env_rank() -> tuple[int, int, int]:
+    """(rank, local rank, world size) from the torch.distributed env; (0, 0, 1) outside a rank group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    return rank, int(os.environ.get("LOCAL_RANK", str(rank))), world
+
+
+def join_ranks(cfg):
+    """This process's config (with several CUDA ranks: its own device, cuda:<local rank>) and its `Ranks`;
+    joins the ranks' torch.distributed group first (gloo on CPU, NCCL on GPUs)."""
+    rank, local, world = env_rank()
+    if world != cfg.learner.devices:
+        raise ValueError(f"learner.devices is {cfg.learner.devices} but this process is one of WORLD_SIZE = {world} "
+                         f"ranks: start the learner with `brorl learner`, which starts learner.devices ranks")
+    if world > 1:
+        import torch
+        import torch.distributed as dist
+
+        dev = cfg.learner.device
+        if dev.startswith("cuda"):
+            dev = f"cuda:{local}"
+            torch.cuda.set_device(dev)
+        cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"device": dev})})
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo", timeout=FOLLOW_TIMEOUT)
+    return cfg, Ranks()
+
+
+class Ranks:
+    """This process's place among the learner's ranks, and the command channel between them."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.rank, self.local_rank, self.world = env_rank()
+        self.group = None
+        if self.world > 1:
+            if not dist.is_initialized():
+                raise RuntimeError("Ranks: torch.distributed is not initialised (the training backend does it)")
+            self.group = dist.new_group(backend="gloo", timeout=FOLLOW_TIMEOUT)
+
+    def _scatter(self, items: list[Any] | None) -> Any:
+        import torch.distributed as dist
+
+        out: list[Any] = [None]
+        dist.scatter_object_list(out, items if self.rank == 0 else None, src=0, group=self.group)
+        return out[0]
+
+    def command(self, name: str, per_rank: list[Any]) -> Any:
+        """Rank 0: send command `name` with `per_rank[r]` to rank r; returns rank 0's own item."""
+        if self.world == 1:
+            return per_rank[0]
+        return self._scatter([(name, x) for x in per_rank])[1]
+
+    def receive(self, name: str) -> Any:
+        """Ranks > 0: the next command, which must be `name`; returns its argument."""
+        got, arg = self._scatter(None)
+        if got != name:
+            raise RuntimeError(f"rank {self.rank}: expected command {name!r} from rank 0, got {got!r}")
+        return arg
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.world > 1:
+            dist.barrier(group=self.group)
+
+    def stop_followers(self) -> None:
+        if self.world > 1:
+            self.command("stop", [None] * self.world)
+
+    def follow(self, trainer) -> int:
+        """Ranks > 0: do rank 0's commands until it says stop."""
+        import torch
+
+        while True:
+            name, arg = self._scatter(None)
+            if name == "step":
+                trainer.run(arg)
+            elif name == "save":
+                torch.save(trainer.backend.optimizer_state(), Path(arg) / Checkpointer.optimizer_file(self.rank))
+                self.barrier()
+            elif name == "stop":
+                log.info("rank %d: stopped by rank 0", self.rank)
+                return 0
+            else:
+                raise RuntimeError(f"rank {self.rank}: unknown command {name!r} from rank 0")
+
+
+def build_trainer(cfg: BrorlConfig, model_dir: str | Path, ranks: Ranks | None = None):
+    """The model (float32 master weights whatever model.dtype is: that is the compute (autocast) and serving
+    dtype), its tokenizer and the trainer: the same on every rank."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(cfg.learner.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    trainer = Trainer(model, cfg.learner, n_samples=cfg.actor.n_samples, temperature=cfg.actor.temperature,
+                      pad_id=tokenizer.eos_token_id, compute_dtype=getattr(torch, cfg.model.dtype), ranks=ranks)
+    return trainer, tokenizer
+
+
+def follow(cfg: BrorlConfig, ranks: Ranks) -> int:
+    """Ranks > 0: build the same model and engine as rank 0 (from the checkpoint it resumes, if any), then
+    do its commands until it stops."""
+    saved = ranks.receive("start")
+    trainer, _ = build_trainer(cfg, Path(saved) / "model" if saved else cfg.model.path, ranks)
+    if saved:
+        meta = json.loads((Path(saved) / "state.json").read_text())
+        trainer.state.step = int(meta["step"])
+        trainer.backend.load_optimizer_state(Checkpointer.load_optimizer(Path(saved), ranks.rank))
+    return ranks.follow(trainer)

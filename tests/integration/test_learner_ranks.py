@@ -1,0 +1,127 @@
+"""`brorl learner` with `learner.devices = 2` (DeepSpeed ZeRO-2 on two gloo ranks, real processes) against
+`FakeActor`s: rank 0 serves and hands rank 1 its share of every step; checkpoints hold both optimizer
+shards and resume on two ranks; a rank killed by SIGKILL takes the learner down at once, loudly."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from config.loader import to_toml
+from learner.metrics import read
+from learner.service import LearnerService
+from tests.integration.test_learner_service import B, N, check_accounting, job
+from tests.support.fake_actor import FakeActor
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def start_learner(cfg, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    path = tmp_path / "learner.toml"
+    path.write_text(to_toml(cfg))
+    log = open(tmp_path / "learner.log", "ab")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1",
+           **({"DS_ACCELERATOR": "cpu"} if cfg.learner.device == "cpu" else {})}
+    return subprocess.Popen([sys.executable, "-m", "cli", "learner", "--config", str(path), *extra], cwd=ROOT,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def ranks_of(learner: subprocess.Popen) -> list[int]:
+    import psutil
+
+    return [c.pid for c in psutil.Process(learner.pid).children()]
+
+
+async def train_with(cfg, learner: subprocess.Popen, tmp_path: Path, timeout_s: float = 240.0) -> list[FakeActor]:
+    ep = LearnerService.endpoints_of(cfg)
+    actors = [FakeActor(ep, f"a{i}", n_samples=N, seed=i) for i in range(2)]
+    try:
+        await asyncio.gather(*(a.start() for a in actors))
+        deadline = time.monotonic() + timeout_s
+        while learner.poll() is None:
+            assert time.monotonic() < deadline, (tmp_path / "learner.log").read_text()[-3000:]
+            await asyncio.sleep(0.1)
+    finally:
+        for a in actors:
+            await a.kill()
+    assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
+    return actors
+
+
+def two_ranks(model_dir: str, run_dir: Path, steps: int, device: str = "cpu"):
+    return job(model_dir, run_dir, steps=steps, **{"learner.devices": 2, "learner.backend": "deepspeed",
+                                                   "learner.device": device,
+                                                   "learner.num_minibatches": 2, "transport.weight_timeout_s": 60.0,
+                                                   "transport.heartbeat_timeout_s": 10.0})
+
+
+async def test_two_learner_ranks_train_checkpoint_and_resume(tiny_model_dir, tmp_path, device="cpu"):
+    run_dir = tmp_path / "run"
+    cfg = two_ranks(tiny_model_dir, run_dir, steps=4, device=device)
+    learner = start_learner(cfg, tmp_path)
+    actors = await train_with(cfg, learner, tmp_path)
+    rows = read(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["groups"] == B for r in rows), rows
+    assert all(r["samples"] == B * N and r["train_tokens"] > 0 for r in rows), rows  # both ranks' tokens
+    for a in actors:
+        assert a.received_versions[-1] == 4, a.received_versions
+    ckpt = run_dir / "checkpoints" / "step-000004"
+    assert json.loads((ckpt / "state.json").read_text())["ranks"] == 2
+    assert (ckpt / "optimizer.pt").stat().st_size > 0 and (ckpt / "optimizer-rank1.pt").stat().st_size > 0
+    assert "optimizer-rank1.pt" in json.loads((ckpt / "manifest.json").read_text())
+
+    cfg6 = two_ranks(tiny_model_dir, run_dir, steps=6, device=device)
+    learner = start_learner(cfg6, tmp_path, "--resume")
+    await train_with(cfg6, learner, tmp_path)
+    rows = read(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6], rows
+    check_accounting(run_dir, 6)  # no prompt lost or trained twice across the restart
+
+
+async def test_resume_on_another_rank_count_is_refused_with_the_reason(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = two_ranks(tiny_model_dir, run_dir, steps=2)
+    await train_with(cfg, start_learner(cfg, tmp_path), tmp_path)
+    one = job(tiny_model_dir, run_dir, steps=4, **{"learner.backend": "deepspeed", "learner.num_minibatches": 2})
+    learner = start_learner(one, tmp_path, "--resume")
+    assert learner.wait(timeout=120) != 0
+    assert "written by 2 learner ranks" in (tmp_path / "learner.log").read_text()
+
+
+async def test_a_killed_rank_stops_the_learner_at_once(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = two_ranks(tiny_model_dir, run_dir, steps=1000)
+    learner = start_learner(cfg, tmp_path)
+    ep = LearnerService.endpoints_of(cfg)
+    actors = [FakeActor(ep, "a0", n_samples=N, seed=0)]
+    try:
+        await asyncio.gather(*(a.start() for a in actors))
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").exists() or len(read(run_dir / "metrics.jsonl")) < 2:
+            assert time.monotonic() < deadline and learner.poll() is None, (tmp_path / "learner.log").read_text()[-3000:]
+            await asyncio.sleep(0.1)
+        pids = ranks_of(learner)
+        assert len(pids) == 2
+        os.kill(pids[1], signal.SIGKILL)  # the follower (started second)
+        t0 = time.monotonic()
+        while learner.poll() is None:
+            assert time.monotonic() - t0 < 15, "the learner did not stop after a rank died"
+            await asyncio.sleep(0.1)
+    finally:
+        for a in actors:
+            await a.kill()
+        if learner.poll() is None:
+            learner.kill()
+    assert learner.returncode == 1
+    assert "rank 1 of 2 exited" in (tmp_path / "learner.log").read_text()
+    import psutil
+
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
