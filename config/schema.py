@@ -164,7 +164,8 @@ class LearnerConfig(_Section):
     """Training backend: plain torch (CPU or one GPU) or DeepSpeed ZeRO (several GPUs)."""
 
     zero_stage: Literal[2, 3] = 2
-    """DeepSpeed ZeRO stage when `backend = "deepspeed"`."""
+    """DeepSpeed ZeRO stage when `backend = "deepspeed"`: 2 shards gradients and optimizer state; 3 also the
+    parameters (gathered layer by layer in each pass, bucket by bucket for the weight broadcast)."""
 
     device: str = "cpu"
     """Torch device of the learner ("cpu", "cuda", "cuda:1"). With `devices` > 1: "cuda" (rank r on
@@ -369,10 +370,11 @@ class BrorlConfig(_Section):
         if lrn.devices > 1 and lrn.device not in ("cpu", "cuda"):
             raise ValueError(f"learner.device {lrn.device!r} names one device but learner.devices = {lrn.devices}: "
                              f"use \"cuda\" (rank r takes cuda:r) or \"cpu\"")
-        if lrn.devices > 1 and lrn.zero_stage == 3:
-            raise ValueError("learner.zero_stage = 3 with learner.devices > 1 is not supported by the service yet "
-                             "(held-out evaluation, checkpoints and the weight broadcast read rank 0's full "
-                             "parameters): use zero_stage = 2")
+        if lrn.backend == "deepspeed" and lrn.zero_stage == 3 and self.run.eval_interval:
+            raise ValueError(f"run.eval_interval = {self.run.eval_interval} with learner.zero_stage = 3: the learner's "
+                             f"held-out evaluation samples on rank 0 alone, which ZeRO-3 parameters (gathered by every "
+                             f"rank, layer by layer) do not allow. Set run.eval_interval = 0 and evaluate checkpoints "
+                             f"with `brorl eval`, or use zero_stage = 2")
         if lrn.devices > 1 and lrn.num_minibatches * lrn.devices > lrn.prompts_per_step * act.n_samples:
             raise ValueError(f"learner.devices ({lrn.devices}) × learner.num_minibatches ({lrn.num_minibatches}) "
                              f"exceeds the samples per step ({lrn.prompts_per_step} × {act.n_samples}): a rank "

@@ -11,6 +11,9 @@ Both expose the same small surface to `learner/train_step.py`:
     backend.set_lr(lr)      the step's learning rate (paper 4.2's sqrt scaling is applied by the caller)
     backend.reset_optimizer()
     backend.optimizer_state() / backend.load_optimizer_state(sd)   this rank's optimizer state (ZeRO: its shard)
+    backend.partitioned     True when no rank holds whole parameters between passes (ZeRO-3)
+    backend.gathered(ts)    context: the parameters among `ts` whole while it lasts (a collective: every
+                            rank enters it with the same tensors); backend.full_shape(t): t's whole shape
     backend.rank, backend.world_size
 
 AdamW hyper-parameters are identical in both (betas 0.9/0.999, eps 1e-8, `weight_decay`), so that for
@@ -19,6 +22,7 @@ the same batch they produce the same update (tested on CPU with gloo).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Protocol
 
@@ -34,6 +38,11 @@ class Backend(Protocol):
     module: torch.nn.Module
     rank: int
     world_size: int
+    partitioned: bool
+
+    def gathered(self, tensors: list[torch.Tensor]) -> contextlib.AbstractContextManager: ...
+
+    def full_shape(self, t: torch.Tensor) -> torch.Size: ...
 
     def backward(self, loss: torch.Tensor, boundary: bool = True) -> None: ...
 
@@ -53,11 +62,19 @@ class Backend(Protocol):
 class TorchBackend:
     """Single-process torch: the model on `cfg.device`, torch.optim.AdamW."""
 
+    partitioned = False
+
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig):
         self.cfg = cfg
         self.module = model.to(cfg.device)
         self.rank, self.world_size = 0, 1
         self.optimizer = self._make_optimizer()
+
+    def gathered(self, tensors: list[torch.Tensor]) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def full_shape(self, t: torch.Tensor) -> torch.Size:
+        return t.shape
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(
@@ -135,10 +152,27 @@ class DeepSpeedBackend:
             model=model, optimizer=opt, config=deepspeed_config(cfg)
         )
         self.module = self.engine.module
+        self.partitioned = cfg.zero_stage == 3
+
+    def gathered(self, tensors: list[torch.Tensor]) -> contextlib.AbstractContextManager:
+        if not self.partitioned:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        unique = list({id(t): t for t in tensors if hasattr(t, "ds_id")}.values())  # tied weights: once
+        return deepspeed.zero.GatheredParameters(unique)
+
+    def full_shape(self, t: torch.Tensor) -> torch.Size:
+        return getattr(t, "ds_shape", t.shape)
 
     def backward(self, loss: torch.Tensor, boundary: bool = True) -> None:
         # gradients of the micro-batches before the boundary accumulate locally; ZeRO reduces them at it
         self.engine.set_gradient_accumulation_boundary(boundary)
+        # what engine.forward() would do first (we run engine.module directly): a new backward begins, so
+        # ZeRO-3 counts a micro-step and adds this micro-batch's gradient partition to the last one's
+        # instead of overwriting it (only the last micro-batch's gradient survived without this)
+        if hasattr(self.optimizer, "clear_backward_seen_flag"):
+            self.optimizer.clear_backward_seen_flag()
         self.engine.backward(loss)
 
     def discard_gradients(self) -> None:

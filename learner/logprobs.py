@@ -206,7 +206,8 @@ def token_logprobs(
     h = completion_hidden(model, batch)
     tgt = batch.targets[batch.mask]
     M = h.shape[0]
-    chunk_tokens = None if chunk_mb is None else rows_per_chunk(chunk_mb, head.weight.shape[0])
+    vocab = getattr(head, "out_features", None) or head.weight.shape[0]  # (a ZeRO-3 weight is empty between passes)
+    chunk_tokens = None if chunk_mb is None else rows_per_chunk(chunk_mb, vocab)
     if chunk_tokens is None or M <= chunk_tokens:
         chunks = [(0, M)]
     else:

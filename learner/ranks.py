@@ -10,6 +10,8 @@ collectives stay on DeepSpeed's group, NCCL on GPUs):
 
     ("step", RankShare)   train on this share of the step (`learner.train_step.Trainer.run`)
     ("save", folder)      write this rank's optimizer shard into the checkpoint folder being written
+    ("gather", (a, b))    ZeRO-3: gather the parameters of state_dict entries [a, b) with rank 0 (None:
+                          all of them), and let them go again (rank 0 keeps them whole while it reads them)
     ("stop", None)        leave
 
 A rank gets only its own micro-batches (`scatter_object_list`), never the whole batch. A rank that dies
@@ -19,6 +21,7 @@ from the last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -103,6 +106,40 @@ class Ranks:
         if self.world > 1:
             dist.barrier(group=self.group)
 
+    @contextlib.contextmanager
+    def whole(self, backend, tensors: list, span: tuple[int, int] | None = None):
+        """Rank 0: `tensors` (state_dict entries [span), or all) whole while the context lasts — under ZeRO-3
+        every rank gathers them with us; otherwise nothing to do."""
+        if backend.partitioned and self.world > 1:
+            self.command("gather", [span] * self.world)
+        with backend.gathered(tensors):
+            yield tensors
+
+    def entries(self, trainer, first: int = 0, last: int | None = None):
+        """Rank 0, a context: the model's state_dict entries [first, last) whole (the weight broadcast's
+        buckets; all of them for a checkpoint)."""
+        tensors = list(trainer.model.state_dict(keep_vars=True).values())
+        span = None if first == 0 and last is None else (first, last)
+        return self.whole(trainer.backend, tensors[first:last], span)
+
+    @staticmethod
+    def shapes(trainer) -> list:
+        """The model's state_dict names with whole shapes and dtypes (meta tensors): what a weight-broadcast
+        plan is made of, also while ZeRO-3 holds only a shard of each parameter."""
+        import torch
+
+        full = trainer.backend.full_shape
+        return [(k, torch.empty(full(v), dtype=v.dtype, device="meta"))
+                for k, v in trainer.model.state_dict(keep_vars=True).items()]
+
+    def close(self) -> None:
+        """Leave the process groups before the interpreter exits (an exit with them alive can abort in a
+        communication thread's destructor: status -6 for a job that went well)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def stop_followers(self) -> None:
         if self.world > 1:
             self.command("stop", [None] * self.world)
@@ -118,6 +155,10 @@ class Ranks:
             elif name == "save":
                 torch.save(trainer.backend.optimizer_state(), Path(arg) / Checkpointer.optimizer_file(self.rank))
                 self.barrier()
+            elif name == "gather":
+                named = list(trainer.model.state_dict(keep_vars=True).values())
+                with trainer.backend.gathered(named[slice(*arg)] if arg else named):
+                    pass
             elif name == "stop":
                 log.info("rank %d: stopped by rank 0", self.rank)
                 return 0

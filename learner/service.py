@@ -44,9 +44,9 @@ def main(cfg: BrorlConfig, resume: bool) -> int:
     """One learner rank: rank 0 (or the only one) serves; with `learner.devices` > 1 the others follow."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg, ranks = join_ranks(cfg)
-    if ranks.rank == 0:
-        return asyncio.run(LearnerService(cfg, resume=resume, ranks=ranks).run())
-    return follow(cfg, ranks)
+    code = asyncio.run(LearnerService(cfg, resume=resume, ranks=ranks).run()) if ranks.rank == 0 else follow(cfg, ranks)
+    ranks.close()
+    return code
 
 
 class LearnerService:
@@ -63,9 +63,7 @@ class LearnerService:
         self.ranks.command("start", [str(saved.path) if saved else ""] * self.ranks.world)
         self.trainer, self.tokenizer = build_trainer(cfg, saved.model_dir if saved else cfg.model.path, self.ranks)
         model = self.trainer.model
-        import torch
-
-        self.serving_dtype = getattr(torch, cfg.model.dtype)
+        self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
         self.dispatcher = Dispatcher(cfg)
         self.admission = Admission(cfg.learner.max_staleness)
         self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
@@ -84,9 +82,10 @@ class LearnerService:
         self.sockets.control.version = self.version
         self.desk = AdminDesk(cfg, self.sockets.control,
                               lambda: f"step {self.version}, version {self.version}, actors {self.members.alive()}")
-        self.broadcaster = WeightBroadcaster(lambda: self.trainer.model.state_dict().items(), dtype=self.serving_dtype,
+        self.broadcaster = WeightBroadcaster(lambda: self.ranks.shapes(self.trainer), dtype=self.serving_dtype,
                                              bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
-                                             backend=t.weight_backend, host=t.host)
+                                             backend=t.weight_backend, host=t.host,
+                                             bucket_tensors=lambda a, b: self.ranks.entries(self.trainer, a, b))
         self.metrics = MetricsWriter(cfg.run.run_dir)
         # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
         self.ledger = open_append(Path(cfg.run.run_dir) / "ledger.jsonl")
@@ -223,7 +222,8 @@ class LearnerService:
 
     def save_checkpoint(self) -> Path:
         def write_model(d: Path) -> None:
-            self.trainer.model.save_pretrained(d, safe_serialization=True)
+            with self.ranks.entries(self.trainer):  # ZeRO-3: the whole model, gathered while it is written
+                self.trainer.model.save_pretrained(d, safe_serialization=True)
             self.tokenizer.save_pretrained(d)
 
         def write_shards(d: Path) -> None:  # every other rank writes its optimizer shard into the folder

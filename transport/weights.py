@@ -27,6 +27,7 @@ timeout) with `WeightSyncError`, never a hang.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import time
 import uuid
@@ -242,10 +243,15 @@ class WeightBroadcaster:
     """Learner side: owns rank 0 of the weight group and the plan."""
 
     def __init__(self, named_params, *, bucket_mb: float = 256, timeout_s: float = 120.0,
-                 backend: str = "gloo", host: str = "127.0.0.1", dtype: torch.dtype | None = None):
+                 backend: str = "gloo", host: str = "127.0.0.1", dtype: torch.dtype | None = None,
+                 bucket_tensors=None):
         self.named_params = named_params  # callable -> iterable of (name, tensor), HF names
         self.dtype = dtype  # the serving dtype floating-point tensors are sent in (None: as they are)
         self.plan = make_plan(named_params(), bucket_mb, dtype)
+        # (first, last) -> a context manager giving the tensors of plan entries [first, last) while it lasts:
+        # the learner's hook for parameters that are whole only for a moment (ZeRO-3 gathers one bucket at a
+        # time, so no rank ever holds two full copies); by default, slices of named_params()
+        self.bucket_tensors = bucket_tensors or self._slice
         self.timeout_s = timeout_s
         self.backend = backend
         self.host = host
@@ -277,15 +283,19 @@ class WeightBroadcaster:
             raise WeightSyncError(f"weight group rendezvous failed ({info['world_size'] - 1} receivers "
                                   f"expected): {type(e).__name__}: {e}") from e
 
+    @contextlib.contextmanager
+    def _slice(self, first: int, last: int):
+        yield [t for _, t in self.named_params()][first:last]
+
     def _send_all(self) -> str:
-        tensors = [t for _, t in self.named_params()]
         sums = []
-        device = tensors[0].device if self.backend == "nccl" else torch.device("cpu")
         split = {"pack_s": 0.0, "comm_s": 0.0, "checksum_s": 0.0}
         failed: set[int] = set()
         for a, b, n in self.plan.buckets:
             t0 = time.perf_counter()
-            flat = pack_bucket(tensors[a:b], n, device, self.dtype)
+            with self.bucket_tensors(a, b) as tensors:
+                device = tensors[0].device if self.backend == "nccl" else torch.device("cpu")
+                flat = pack_bucket(tensors, n, device, self.dtype)
             t1 = time.perf_counter()
             failed |= broadcast_bucket(self.pg, flat, failed)
             if failed and len(failed) == self.world_size - 1:

@@ -120,7 +120,7 @@ async def test_brorl_learner_on_two_gpus_trains_checkpoints_and_resumes(tiny_mod
     from tests.integration.test_learner_ranks import test_two_learner_ranks_train_checkpoint_and_resume as run
 
     assert torch.cuda.device_count() >= 2, "this test needs 2 GPUs"
-    await run(tiny_model_dir, tmp_path, device="cuda")
+    await run(tiny_model_dir, tmp_path, 2, device="cuda")
 
 
 @pytest.mark.gpu

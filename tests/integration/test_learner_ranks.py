@@ -42,7 +42,8 @@ def ranks_of(learner: subprocess.Popen) -> list[int]:
 
 async def train_with(cfg, learner: subprocess.Popen, tmp_path: Path, timeout_s: float = 240.0) -> list[FakeActor]:
     ep = LearnerService.endpoints_of(cfg)
-    actors = [FakeActor(ep, f"a{i}", n_samples=N, seed=i) for i in range(2)]
+    # the learner is a subprocess starting two DeepSpeed ranks: on 2 busy cores that can take a minute
+    actors = [FakeActor(ep, f"a{i}", n_samples=N, seed=i, sync_timeout_s=180) for i in range(2)]
     try:
         await asyncio.gather(*(a.start() for a in actors))
         deadline = time.monotonic() + timeout_s
@@ -56,16 +57,19 @@ async def train_with(cfg, learner: subprocess.Popen, tmp_path: Path, timeout_s: 
     return actors
 
 
-def two_ranks(model_dir: str, run_dir: Path, steps: int, device: str = "cpu"):
+def two_ranks(model_dir: str, run_dir: Path, steps: int, device: str = "cpu", zero_stage: int = 2):
     return job(model_dir, run_dir, steps=steps, **{"learner.devices": 2, "learner.backend": "deepspeed",
-                                                   "learner.device": device,
+                                                   "learner.device": device, "learner.zero_stage": zero_stage,
                                                    "learner.num_minibatches": 2, "transport.weight_timeout_s": 60.0,
                                                    "transport.heartbeat_timeout_s": 10.0})
 
 
-async def test_two_learner_ranks_train_checkpoint_and_resume(tiny_model_dir, tmp_path, device="cpu"):
+@pytest.mark.parametrize("zero_stage", [2, 3])
+async def test_two_learner_ranks_train_checkpoint_and_resume(tiny_model_dir, tmp_path, zero_stage, device="cpu"):
+    """ZeRO-2 and ZeRO-3 (parameters partitioned: the broadcast gathers them bucket by bucket, the checkpoint
+    all at once, every rank taking part)."""
     run_dir = tmp_path / "run"
-    cfg = two_ranks(tiny_model_dir, run_dir, steps=4, device=device)
+    cfg = two_ranks(tiny_model_dir, run_dir, steps=4, device=device, zero_stage=zero_stage)
     learner = start_learner(cfg, tmp_path)
     actors = await train_with(cfg, learner, tmp_path)
     rows = read(run_dir / "metrics.jsonl")
@@ -77,8 +81,21 @@ async def test_two_learner_ranks_train_checkpoint_and_resume(tiny_model_dir, tmp
     assert json.loads((ckpt / "state.json").read_text())["ranks"] == 2
     assert (ckpt / "optimizer.pt").stat().st_size > 0 and (ckpt / "optimizer-rank1.pt").stat().st_size > 0
     assert "optimizer-rank1.pt" in json.loads((ckpt / "manifest.json").read_text())
+    import torch
+    from transformers import AutoModelForCausalLM
 
-    cfg6 = two_ranks(tiny_model_dir, run_dir, steps=6, device=device)
+    saved = AutoModelForCausalLM.from_pretrained(ckpt / "model", dtype=torch.float32).state_dict()
+    init = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    assert all(saved[k].shape == v.shape for k, v in init.items())  # whole tensors, not ZeRO-3 partitions
+    assert any(not torch.equal(saved[k], v) for k, v in init.items())  # and trained ones
+    # what the actors received last (version 4, bucket by bucket) is what the checkpoint of step 4 holds
+    from transport.weights import make_plan, weights_checksum
+
+    dtype = getattr(torch, cfg.model.dtype)
+    plan = make_plan(saved.items(), cfg.transport.weight_bucket_mb, dtype)
+    assert {a.checksum for a in actors} == {weights_checksum(saved.items(), plan, dtype)}
+
+    cfg6 = two_ranks(tiny_model_dir, run_dir, steps=6, device=device, zero_stage=zero_stage)
     learner = start_learner(cfg6, tmp_path, "--resume")
     await train_with(cfg6, learner, tmp_path)
     rows = read(run_dir / "metrics.jsonl")
@@ -101,7 +118,7 @@ async def test_a_killed_rank_stops_the_learner_at_once(tiny_model_dir, tmp_path)
     cfg = two_ranks(tiny_model_dir, run_dir, steps=1000)
     learner = start_learner(cfg, tmp_path)
     ep = LearnerService.endpoints_of(cfg)
-    actors = [FakeActor(ep, "a0", n_samples=N, seed=0)]
+    actors = [FakeActor(ep, "a0", n_samples=N, seed=0, sync_timeout_s=180)]
     try:
         await asyncio.gather(*(a.start() for a in actors))
         deadline = time.monotonic() + 240

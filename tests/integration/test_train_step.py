@@ -115,14 +115,14 @@ def test_every_rank_gets_a_part_of_every_mini_batch(world):
 
 
 
-def _run_worker(model_dir, out, backend, world, steps=2, micro_batch_tokens=0, device="cpu"):
+def _run_worker(model_dir, out, backend, world, steps=2, micro_batch_tokens=0, device="cpu", zero_stage=2):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1", **({"DS_ACCELERATOR": "cpu"} if device == "cpu" else {})}
     procs = []
     for rank in range(world):
         e = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         procs.append(subprocess.Popen([sys.executable, "-m", "tests.support.ds_worker", model_dir, str(out), backend,
-                                       str(steps), str(micro_batch_tokens), device], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                                       str(steps), str(micro_batch_tokens), device, str(zero_stage)], cwd=ROOT, env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     try:
         logs = [p.communicate(timeout=300)[0] for p in procs]
@@ -136,15 +136,16 @@ def _run_worker(model_dir, out, backend, world, steps=2, micro_batch_tokens=0, d
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,micro,mode", [(1, 0, "deepspeed"), (2, 0, "deepspeed"), (2, 40, "deepspeed"),
-                                              (2, 40, "deepspeed-ranks"), (3, 0, "deepspeed-ranks")])
-def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, world, micro, mode):
+@pytest.mark.parametrize("world,micro,mode,zero", [(1, 0, "deepspeed", 2), (2, 0, "deepspeed", 2),
+                                                   (2, 40, "deepspeed", 2), (2, 40, "deepspeed-ranks", 2),
+                                                   (3, 0, "deepspeed-ranks", 2), (2, 40, "deepspeed-ranks", 3)])
+def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, world, micro, mode, zero):
     """DeepSpeed ZeRO-2 on 1, 2 or 3 gloo ranks gives the single-process torch step; with token-budget
     micro-batches (ranks cut their parts into as many passes each, gradients accumulated to one boundary)
     too; and so does the service's protocol, where rank 0 plans the step and hands each rank only its
-    share ("deepspeed-ranks")."""
+    share ("deepspeed-ranks"); also under ZeRO-3 (parameters partitioned, gathered by both ranks to read)."""
     ref_m, ref_w = _run_worker(tiny_model_dir, tmp_path / "torch", "torch", 1)
-    ds_m, ds_w = _run_worker(tiny_model_dir, tmp_path / "ds", mode, world, micro_batch_tokens=micro)
+    ds_m, ds_w = _run_worker(tiny_model_dir, tmp_path / "ds", mode, world, micro_batch_tokens=micro, zero_stage=zero)
     assert ds_m["world"] == world
     assert all(n > 2 for n in ds_m["micro_batches"]) if micro else ds_m["micro_batches"] == [2, 2]
     assert ds_m["losses"] == pytest.approx(ref_m["losses"], rel=1e-4, abs=1e-6)

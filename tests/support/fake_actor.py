@@ -26,7 +26,7 @@ from transport.zmq_transport import ActorSockets, Endpoints
 class FakeActor:
     def __init__(self, endpoints: Endpoints, actor_id: str, *, n_samples: int, max_staleness: int = 1,
                  p_correct: float = 0.5, vocab: int = 150, length: int = 3, stale_by: int = 0, seed: int = 0,
-                 credits: int = 2, reward: float = 1.0, corrupt=None):
+                 credits: int = 2, reward: float = 1.0, corrupt=None, sync_timeout_s: float = 30.0):
         self.ep, self.actor_id, self.n = endpoints, actor_id, n_samples
         self.max_staleness, self.p_correct, self.vocab, self.length = max_staleness, p_correct, vocab, length
         self.stale_by, self.credits, self.reward = stale_by, credits, reward
@@ -34,6 +34,7 @@ class FakeActor:
         self.version, self.latest, self.checksum = -1, 0, ""
         self.sent: list[wire.RolloutGroup] = []
         self.corrupt = corrupt
+        self.sync_timeout_s = sync_timeout_s  # a learner that is still starting (a subprocess) may need longer
         self.nacked: dict[str, str] = {}
         self.received_versions: list[int] = []
         self.stopped = False  # the learner said stop
@@ -48,7 +49,7 @@ class FakeActor:
 
     async def start(self) -> None:
         self.sockets = ActorSockets(self.ep, self.actor_id, max_unacked=64, resend_after_s=5.0)
-        self._apply(await self.sockets.sync(self.version, timeout_s=30))
+        self._apply(await self.sockets.sync(self.version, timeout_s=self.sync_timeout_s))
         self._tasks = [asyncio.create_task(c, name=f"{self.actor_id}:{n}") for c, n in (
             (self._inbox(), "inbox"), (self._control(), "control"), (self._work(), "work"),
             (self._heartbeat(), "heartbeat"))]
