@@ -40,6 +40,17 @@ def ranks_of(learner: subprocess.Popen) -> list[int]:
     return [c.pid for c in psutil.Process(learner.pid).children()]
 
 
+def stop_tree(learner: subprocess.Popen) -> None:
+    """SIGKILL a learner that is still running and its ranks (a failed test leaves nothing behind)."""
+    import psutil
+
+    if learner.poll() is None:
+        for c in psutil.Process(learner.pid).children(recursive=True):
+            c.kill()
+        learner.kill()
+    learner.wait()
+
+
 async def train_with(cfg, learner: subprocess.Popen, tmp_path: Path, timeout_s: float = 240.0) -> list[FakeActor]:
     ep = LearnerService.endpoints_of(cfg)
     # the learner is a subprocess starting two DeepSpeed ranks: on 2 busy cores that can take a minute
@@ -53,6 +64,7 @@ async def train_with(cfg, learner: subprocess.Popen, tmp_path: Path, timeout_s: 
     finally:
         for a in actors:
             await a.kill()
+        stop_tree(learner)
     assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
     return actors
 
@@ -109,7 +121,10 @@ async def test_resume_on_another_rank_count_is_refused_with_the_reason(tiny_mode
     await train_with(cfg, start_learner(cfg, tmp_path), tmp_path)
     one = job(tiny_model_dir, run_dir, steps=4, **{"learner.backend": "deepspeed", "learner.num_minibatches": 2})
     learner = start_learner(one, tmp_path, "--resume")
-    assert learner.wait(timeout=120) != 0
+    try:
+        assert learner.wait(timeout=120) != 0
+    finally:
+        stop_tree(learner)
     assert "written by 2 learner ranks" in (tmp_path / "learner.log").read_text()
 
 
@@ -135,8 +150,7 @@ async def test_a_killed_rank_stops_the_learner_at_once(tiny_model_dir, tmp_path)
     finally:
         for a in actors:
             await a.kill()
-        if learner.poll() is None:
-            learner.kill()
+        stop_tree(learner)
     assert learner.returncode == 1
     assert "rank 1 of 2 exited" in (tmp_path / "learner.log").read_text()
     import psutil

@@ -111,10 +111,11 @@ async def test_nothing_survives_a_sigkilled_scoring_worker():
     task = asyncio.create_task(pool.score("verifiers.code", "1", [prog], ref))
     try:
         deadline = time.monotonic() + 60
-        while len(sandbox_processes()) < 2 and time.monotonic() < deadline:  # the program and its daemon
-            await asyncio.sleep(0.1)
+        while len(sandbox_processes()) < 2 and time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.1)  # the program and its daemon
         running = set(sandbox_processes())
-        assert len(running) >= 2
+        assert len(running) >= 2, (f"sandboxed processes {running}; scoring "
+                                   f"{task.exception() or task.result() if task.done() else 'still running'}")
         for pid in list(pool._pool._processes):
             os.kill(pid, signal.SIGKILL)  # the scoring worker dies mid-run
         deadline = time.monotonic() + 15
