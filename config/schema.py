@@ -186,7 +186,7 @@ class LearnerConfig(_Section):
     checkpoint of the (unchanged, last good) weights."""
 
     checkpoint_interval: int = Field(10, ge=1)
-    """Write a checkpoint every this many steps (and on SIGTERM)."""
+    """Write a checkpoint every this many steps, at the last step (the trained model) and on SIGTERM."""
 
     checkpoint_keep: int = Field(3, ge=1)
     """Checkpoints kept by rotation (the newest ones); a checkpoint folder holding a file named KEEP is

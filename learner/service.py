@@ -217,7 +217,9 @@ class LearnerService:
         self.sockets.control.weights = {}
 
     async def checkpoint_if_due(self, force: bool = False) -> None:
-        if force or self.version % self.cfg.learner.checkpoint_interval == 0:
+        """Every `learner.checkpoint_interval` steps, and at the job's last step (its trained model)."""
+        lrn = self.cfg.learner
+        if force or self.version % lrn.checkpoint_interval == 0 or self.version == lrn.steps:
             await asyncio.to_thread(self.save_checkpoint)
 
     def save_checkpoint(self) -> Path:

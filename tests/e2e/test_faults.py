@@ -208,7 +208,8 @@ def test_sigkill_of_the_learner_resumes_with_actors_left_running(warm_model_dir,
         wait_for(lambda: ckpt.exists() and int(ckpt.read_text().split("-")[1]) >= 4, 400, "no checkpoint at step 4")
         learner.send_signal(signal.SIGKILL)
         learner.wait()
-        killed_at = steps_done(tmp_path)
+        # the last step the killed learner completed: a step's checkpoint is written before its metrics row
+        killed_at = max(steps_done(tmp_path), int(ckpt.read_text().split("-")[1]))
         resumed = start("learner", "--resume", log="learner-resumed.log")
         assert resumed.wait(timeout=400) == 0, (tmp_path / "learner-resumed.log").read_text()[-3000:]
         assert actor.poll() is None or actor.returncode == 0  # the same actor process served both learners

@@ -288,3 +288,12 @@ async def test_a_bf16_job_keeps_fp32_master_weights_and_serves_bf16(tiny_model_d
     assert actor.received_versions == [1, 2] and actor.checksum == svc.members.expected[2]  # bf16 bytes arrived intact
     saved = load_file(tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors")
     assert {t.dtype for t in saved.values()} == {torch.float32}
+
+
+async def test_the_last_step_is_checkpointed_whatever_the_interval(tiny_model_dir, tmp_path):
+    """A job of 3 steps with checkpoint_interval 2 leaves steps 2 and 3: the trained model is never lost."""
+    cfg = job(tiny_model_dir, tmp_path, steps=3)
+    await run_job(cfg, [FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, seed=0)])
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*"))
+    assert saved == ["step-000002", "step-000003"], saved
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000003"
