@@ -4,7 +4,7 @@
 gloo rank on CPU), with the usual torch.distributed env (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT). Rank 0 runs the whole service: sockets, batching, the ledger, held-out evaluation,
 checkpoints and the weight broadcast to the actors (under ZeRO-2 every rank holds the full parameters, so
-rank 0 sends its own). The other ranks hold a model and a DeepSpeed engine and do what rank 0 tells them,
+rank 0 sends its own; under ZeRO-3 every rank gathers each bucket with it, `gather` below). The other ranks hold a model and a DeepSpeed engine and do what rank 0 tells them,
 one command at a time, over a gloo group of their own (commands are small Python objects; the training
 collectives stay on DeepSpeed's group, NCCL on GPUs):
 
@@ -77,7 +77,7 @@ class Ranks:
         self.group = None
         if self.world > 1:
             if not dist.is_initialized():
-                raise RuntimeError("Ranks: torch.distributed is not initialised (the training backend does it)")
+                raise RuntimeError("Ranks: torch.distributed is not initialised (join_ranks does it)")
             self.group = dist.new_group(backend="gloo", timeout=FOLLOW_TIMEOUT)
 
     def _scatter(self, items: list[Any] | None) -> Any:
