@@ -151,13 +151,10 @@ def case(kind: str, p: dict) -> dict:
 
 def ranks(world: int, args: list[str], timeout: float = 1200) -> dict:
     """`python -m bench.learner args` as `world` ranks (torch.distributed env); rank 0's JSON line."""
-    import socket
+    from transport.weights import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world)}
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     procs = [subprocess.Popen([sys.executable, "-m", "bench.learner", *args], cwd=root, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world)]

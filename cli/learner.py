@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,11 +40,9 @@ def start_ranks(world: int, argv: list[str], stop_grace_s: float = 60.0) -> int:
     """Start `world` learner ranks of `brorl <argv>` and wait for them; returns rank 0's exit status (1 if
     another rank died first)."""
     from cli.launcher import _brorl, _die_with_parent
+    from transport.weights import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world)}
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     procs = [subprocess.Popen(_brorl(*argv), env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
                               start_new_session=True, preexec_fn=_die_with_parent)  # own session: no terminal ^C
              for r in range(world)]

@@ -196,7 +196,6 @@ class DeepSpeedBackend:
                 elif k == "step":
                     state[k] = 0
 
-
     def optimizer_state(self) -> dict:
         return self.optimizer.state_dict()  # ZeRO: this rank's partition (and its fp32 master slice)
 

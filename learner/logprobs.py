@@ -78,22 +78,28 @@ def pack(
     if share_prompt:
         return _pack_shared(prompts, completions, pad_id, torch.device(device))
     L = max(len(p) + len(c) for p, c in zip(prompts, completions))
-    T = max(1, max(len(c) for c in completions))
+    tgt, msk = _targets(completions)
     ids = torch.full((S, L), pad_id, dtype=torch.long)
     att = torch.zeros((S, L), dtype=torch.long)
-    pos = torch.zeros((S, T), dtype=torch.long)
-    tgt = torch.zeros((S, T), dtype=torch.long)
-    msk = torch.zeros((S, T), dtype=torch.bool)
+    pos = torch.zeros(tgt.shape, dtype=torch.long)
     for s, (p, c) in enumerate(zip(prompts, completions)):
         seq = list(p) + list(c)
         ids[s, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         att[s, : len(seq)] = 1
-        if c:
-            pos[s, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
-            tgt[s, : len(c)] = torch.tensor(c, dtype=torch.long)
-            msk[s, : len(c)] = True
+        pos[s, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
     dev = torch.device(device)
     return PackedCompletions(ids.to(dev), att.to(dev), pos.to(dev), tgt.to(dev), msk.to(dev))
+
+
+def _targets(completions: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(targets long[S, T], mask bool[S, T]): the completion tokens right-padded with 0, and where they are."""
+    T = max(1, max(len(c) for c in completions))
+    tgt = torch.zeros((len(completions), T), dtype=torch.long)
+    msk = torch.zeros((len(completions), T), dtype=torch.bool)
+    for s, c in enumerate(completions):
+        tgt[s, : len(c)] = torch.tensor(c, dtype=torch.long)
+        msk[s, : len(c)] = True
+    return tgt, msk
 
 
 def _pack_shared(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
@@ -102,20 +108,15 @@ def _pack_shared(prompts: list[list[int]], completions: list[list[int]], pad_id:
     if any(list(p) != prompt for p in prompts):
         raise ValueError("share_prompt: the samples of one batch must have one prompt")
     S, P = len(completions), len(prompt)
-    T = max(1, max(len(c) for c in completions))
-    L = T - 1
+    tgt, msk = _targets(completions)
+    L = tgt.shape[1] - 1
     ids = torch.full((S, L), pad_id, dtype=torch.long)
     att = torch.zeros((S, P + L), dtype=torch.long)
     att[:, :P] = 1
-    tgt = torch.zeros((S, T), dtype=torch.long)
-    msk = torch.zeros((S, T), dtype=torch.bool)
     for s, c in enumerate(completions):
         if len(c) > 1:
             ids[s, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
             att[s, P: P + len(c) - 1] = 1
-        if c:
-            tgt[s, : len(c)] = torch.tensor(c, dtype=torch.long)
-            msk[s, : len(c)] = True
     return PackedCompletions(ids.to(dev), att.to(dev), None, tgt.to(dev), msk.to(dev),
                              torch.tensor(prompt, dtype=torch.long, device=dev))
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import os
 from pathlib import Path
@@ -183,10 +182,9 @@ def build_trainer(cfg: BrorlConfig, model_dir: str | Path, ranks: Ranks | None =
 def follow(cfg: BrorlConfig, ranks: Ranks) -> int:
     """Ranks > 0: build the same model and engine as rank 0 (from the checkpoint it resumes, if any), then
     do its commands until it stops."""
-    saved = ranks.receive("start")
+    saved, step = ranks.receive("start")  # the checkpoint rank 0 resumes (or ""), and its step
     trainer, _ = build_trainer(cfg, Path(saved) / "model" if saved else cfg.model.path, ranks)
     if saved:
-        meta = json.loads((Path(saved) / "state.json").read_text())
-        trainer.state.step = int(meta["step"])
+        trainer.state.step = step
         trainer.backend.load_optimizer_state(Checkpointer.load_optimizer(Path(saved), ranks.rank))
     return ranks.follow(trainer)

@@ -60,7 +60,7 @@ class LearnerService:
             raise ValueError(f"checkpoint {saved.path} was written by {saved.meta.get('ranks', 1)} learner ranks; "
                              f"resume it with learner.devices = {saved.meta.get('ranks', 1)} (now "
                              f"{self.ranks.world}): the optimizer state is sharded by rank")
-        self.ranks.command("start", [str(saved.path) if saved else ""] * self.ranks.world)
+        self.ranks.command("start", [(str(saved.path), saved.step) if saved else ("", 0)] * self.ranks.world)
         self.trainer, self.tokenizer = build_trainer(cfg, saved.model_dir if saved else cfg.model.path, self.ranks)
         model = self.trainer.model
         self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
