@@ -30,19 +30,21 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     if cfg.learner.devices > 1 and "RANK" not in os.environ:
         argv = ["learner", *(["--config", args.config] if args.config else []),
                 *(["--resume"] if args.resume else []), *overrides]
-        return start_ranks(cfg.learner.devices, argv)
+        t = cfg.transport
+        return start_ranks(cfg.learner.devices, argv, avoid=(t.work_port, t.rollout_port, t.control_port))
     from learner.service import main as serve
 
     return serve(cfg, resume=args.resume)
 
 
-def start_ranks(world: int, argv: list[str], stop_grace_s: float = 60.0) -> int:
+def start_ranks(world: int, argv: list[str], stop_grace_s: float = 60.0, avoid: tuple[int, ...] = ()) -> int:
     """Start `world` learner ranks of `brorl <argv>` and wait for them; returns rank 0's exit status (1 if
-    another rank died first)."""
+    another rank died first). The ranks' rendezvous port is none of `avoid` (the job's own ports)."""
     from cli.launcher import _brorl, _die_with_parent
     from transport.weights import free_port
 
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port(avoid=avoid)),
+            "WORLD_SIZE": str(world)}
     procs = [subprocess.Popen(_brorl(*argv), env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
                               start_new_session=True, preexec_fn=_die_with_parent)  # own session: no terminal ^C
              for r in range(world)]

@@ -137,12 +137,12 @@ class DeepSpeedBackend:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            if "WORLD_SIZE" not in os.environ:  # one process on its own (not started as a rank): a group of one
-                from transport.weights import free_port
-
-                os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=str(free_port()))
-            deepspeed.init_distributed(dist_backend="gloo" if cfg.device == "cpu" else "nccl")
+            backend = "gloo" if cfg.device == "cpu" else "nccl"
+            if "WORLD_SIZE" not in os.environ:  # one process on its own (not started as a rank): a group of
+                # one, in memory (no port to pick, none to collide with the job's own)
+                os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            deepspeed.init_distributed(dist_backend=backend)
         self.cfg = cfg
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         model = model.to(cfg.device)

@@ -156,13 +156,41 @@ def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan
     return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n, "cpu", dtype)) for a, b, n in plan.buckets])
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (for a rendezvous store or a test's sockets)."""
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the source ports of outgoing connections (Linux; the IANA range elsewhere)."""
+    try:
+        lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def free_port(host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> int:
+    """A TCP port free on `host` right now (for a rendezvous store or a test's sockets), outside the
+    kernel's ephemeral range and `avoid`.
+
+    Outside the ephemeral range because a port from it can be taken, before its owner binds it, by any
+    outgoing connection's source port, including a client that retries connecting to that very port
+    (a ZeroMQ socket reconnecting to a learner that is not up yet connects to itself, TCP's self-connect)
+    and the learner's bind then fails with "Address already in use"."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    lo, hi = _ephemeral_range()
+    spans = [(a, b) for a, b in ((10000, lo - 1), (hi + 1, 65535)) if b - a >= 100] or [(1024, 65535)]
+    avoid = set(avoid)
+    for _ in range(200):
+        a, b = random.choice(spans)
+        port = random.randint(a, b)
+        if port in avoid:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port on {host} outside the ephemeral range {lo}-{hi}")
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> int:
@@ -172,6 +200,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> int:
 
     for _ in range(100):
         base, held = free_port(host), []
+        if base + count - 1 >= _ephemeral_range()[0] > base:
+            continue
         try:
             for p in range(base, base + count):
                 held.append(s := socket.socket())

@@ -297,7 +297,10 @@ class ActorSockets:
             if now >= next_hello:
                 token = uuid.uuid4().hex
                 tokens.add(token)
-                await self.work.send(self.hello(version, token))
+                try:  # a learner that never answers fills the send queue: then `send` waits, never past the deadline
+                    await asyncio.wait_for(self.work.send(self.hello(version, token)), deadline - now)
+                except TimeoutError:
+                    break
                 next_hello, every = now + every, min(0.5, every * 2)
             wait = max(0.0, min(next_hello, deadline) - time.monotonic())
             ready = dict(await poller.poll(wait * 1000))
