@@ -21,6 +21,7 @@ import time
 import uuid
 
 from actors.engine import make_async_engine, offline_env
+from actors.in_flight import TokenVersions, WeightUpdates
 from actors.pipeline import GroupPipeline
 from actors.scoring import ScoringPool
 from actors.stats import ActorStats, EngineLoad
@@ -53,6 +54,7 @@ class Actor:
         self.supervisor = EngineSupervisor(lambda: make_async_engine(cfg), cfg.actor.max_engine_restarts,
                                            self.tasks.spawn, self._engine_down, self._engine_up)
         self.sync = WeightSync(actor_id, cfg.learner.max_staleness, None, self.tasks.spawn)
+        self.versions = TokenVersions()  # each in-flight request's token versions (in_flight_on_update "keep")
         self._assignments: asyncio.Queue[wire.WorkAssignment] = asyncio.Queue()
         self._learner_stopped = False
         self.learner_epoch = ""  # the learner process we work for (from its snapshots and control messages)
@@ -65,8 +67,11 @@ class Actor:
             loop.add_signal_handler(sig, self.stopping.set)
         self.sync.receiver = WeightReceiver(self.supervisor.start(), is_async=True)
         self.pool = ScoringPool(self.cfg.verifiers.workers, self.cfg.verifiers.timeout_s)
+        self.updates = WeightUpdates(self.cfg, self.supervisor, self.sync, self.load, self.stats, self.versions,
+                                     self._error)
+        await self._track(self.supervisor.engine)
         self.pipeline = GroupPipeline(self.cfg, self.actor_id, self.supervisor, self.sync, self.load, self.pool,
-                                      self.verifiers, self.stats)
+                                      self.verifiers, self.stats, self.versions)
         t = self.cfg.transport
         self.sockets = ActorSockets(self.endpoints, self.actor_id, Security(t.curve, t.keys_dir),
                                     t.high_water_mark, max_unacked=64, resend_after_s=10.0)
@@ -111,8 +116,18 @@ class Actor:
             except asyncio.TimeoutError:
                 pass
 
+    async def _track(self, engine) -> None:
+        """With in-flight updates the engine counts each request's tokens (their versions); a vLLM that
+        cannot (or cannot pause keeping requests) falls back to "finish", loudly."""
+        if self.updates.mode == "keep" and not (hasattr(engine, "pause_generation")
+                                                and await WeightReceiver(engine).track_requests()):
+            self.updates.mode = "finish"
+            self._error("actor.in_flight_on_update = \"keep\" is not possible with this vLLM (no pause keeping "
+                        "requests, or no per-request token counts in its model runner): falling back to \"finish\"")
+
     async def _engine_up(self, engine) -> None:
         self.stats.engine_restarts = self.supervisor.restarts
+        await self._track(engine)
         self.sync.engine_restarted(WeightReceiver(engine, is_async=True))
         await self._request(0, [])  # hand back what the dead engine had in flight
         await self.sockets.work.send(self.sockets.hello(self.sync.version))
@@ -179,23 +194,7 @@ class Actor:
 
     async def _weights_loop(self) -> None:
         while True:
-            target = await self.sync.next_update()
-            t0 = time.monotonic()
-            self.sync.begin_update()  # from here no new generation starts
-            if self.cfg.actor.in_flight_on_update == "abort" and self.inflight:
-                await self.supervisor.engine.abort(list(self.inflight))
-            await self.load.idle.wait()  # in-flight generation finished (or aborted)
-            t_idle = time.monotonic()  # from here the engine has nothing to do until the weights are in
-            try:
-                await self.sync.receive(target)
-            except Exception as e:  # the learner's side failed or timed out: wait for a new rendezvous
-                self.supervisor.check(e)
-                self._error(self.sync.error)
-            else:
-                await self.supervisor.engine.reset_prefix_cache()
-            self.stats.updates += 1
-            self.stats.idle_weight_s += time.monotonic() - t_idle
-            self.stats.update_s += time.monotonic() - t0
+            await self.updates.apply(await self.sync.next_update(), self.inflight)
 
     async def _request(self, credits: int, returned: list[int]) -> None:
         returned, self.returned = self.returned + returned, []

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from actors.engine import build_group, sampling_params
+import numpy as np
+
+from actors.engine import build_group, request_max_tokens, sampling_params
+from actors.in_flight import TokenVersions
 from actors.scoring import ScoringPool, verifier_failed
 from actors.stats import ActorStats, EngineLoad
 from actors.supervisor import EngineSupervisor
@@ -23,8 +26,8 @@ from verifiers.registry import Registry
 
 class GroupPipeline:
     def __init__(self, cfg: BrorlConfig, actor_id: str, supervisor: EngineSupervisor, sync: WeightSync,
-                 load: EngineLoad, pool: ScoringPool, verifiers: Registry, stats: ActorStats):
-        self.cfg, self.actor_id = cfg, actor_id
+                 load: EngineLoad, pool: ScoringPool, verifiers: Registry, stats: ActorStats, versions: TokenVersions):
+        self.cfg, self.actor_id, self.versions = cfg, actor_id, versions
         self.supervisor, self.sync, self.load = supervisor, sync, load
         self.pool, self.verifiers, self.stats = pool, verifiers, stats
         self.era = 0
@@ -40,17 +43,25 @@ class GroupPipeline:
         version, era = self.sync.version, self.era  # no await between this check and begin(): atomic
         t0 = time.monotonic()
         self.load.begin()
+        self.versions.begin(rid, version)
         final = None
         try:
-            sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY)
+            sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY,
+                                 max_tokens=request_max_tokens(a, self.cfg.run.seed, item.prompt_id))
             async for out in self.supervisor.engine.generate(item.prompt, sp, rid):
                 final = out
+        except BaseException:
+            self.versions.forget(rid)
+            raise
         finally:
             self.load.end()
         outs = final.outputs if final is not None else []
         if len(outs) != a.n_samples or any(o.finish_reason == "abort" for o in outs):
+            self.versions.forget(rid)
             self.stats.aborted += 1
             return False
+        versions = self.versions.end(rid, np.fromiter((len(o.token_ids) for o in outs), np.int64, len(outs)),
+                                     [o.index for o in outs])
         t1 = time.monotonic()
         path = self.verifiers.path(item.verifier)
         scored = None if path is None else await self.pool.score(
@@ -61,7 +72,7 @@ class GroupPipeline:
             self.stats.errors.append(f"prompt {item.prompt_id}: verifier failure, group dropped")
             return True
         group = build_group(sender.next_group_id(), item, self.actor_id, version, final, scored,
-                            {"generate": t1 - t0, "score": time.monotonic() - t1})
+                            {"generate": t1 - t0, "score": time.monotonic() - t1}, versions)
         await sender.send(group)
         self.stats.groups_sent += 1
         self.stats.samples += group.n

@@ -19,6 +19,10 @@ class ActorStats:
     """Seconds the engine had nothing to do because of weights: loading an update (after in-flight work
     finished) or gated by max_staleness while waiting for the next one."""
     update_s: float = 0.0
+    kept_updates: int = 0
+    """Updates applied with requests kept in flight (`actor.in_flight_on_update = "keep"`)."""
+    aborted_stale: int = 0
+    """Requests aborted at an update because it would have left them more than max_staleness behind."""
     engine_restarts: int = 0
     rejected: int = 0
     """Groups the learner rejected (NACKed with a reason): dropped, never re-sent."""
@@ -29,7 +33,8 @@ class ActorStats:
         """The counters a heartbeat carries (`wire.Heartbeat.stats`)."""
         return {"samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
                 "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
-                "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s}
+                "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s,
+                "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale}
 
 
 class EngineLoad:

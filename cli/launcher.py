@@ -31,7 +31,8 @@ from pathlib import Path
 
 from actors.verifier_set import EXIT_REFUSED  # `brorl actor` cannot work as configured: never restarted
 from cli.display import status_lines
-from config.loader import to_toml
+from config.loader import ConfigError, to_toml
+from config.placement import Placement, place, visible_env
 from config.schema import BrorlConfig
 from learner import metrics as metrics_mod
 
@@ -64,8 +65,31 @@ def stop_timeouts(cfg: BrorlConfig) -> tuple[float, float]:
     return cfg.transport.weight_timeout_s + 120.0, ACTOR_DRAIN_S + 30.0
 
 
+def visible_gpus() -> int:
+    """GPUs this process sees (CUDA_VISIBLE_DEVICES applied); 0 with a CPU build of torch."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def placed(cfg: BrorlConfig, gpus: int | None = None) -> tuple[BrorlConfig, Placement]:
+    """The job's GPU placement on this host (`config/placement.py`; ConfigError naming the fields when it
+    does not fit) and the config as the roles run it: the learner sees only its GPUs, so its device is
+    "cuda" and the resolved `learner.gpus` / `actor.gpus` are recorded in the run folder's config."""
+    try:
+        where = place(cfg, visible_gpus() if gpus is None else gpus)
+    except ValueError as e:
+        raise ConfigError(f"GPU placement: {e}") from None
+    if where.learner:
+        cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"device": "cuda", "gpus": where.learner})})
+    if where.actors:
+        cfg = cfg.model_copy(update={"actor": cfg.actor.model_copy(update={"gpus": sum(where.actors, [])})})
+    return cfg, where
+
+
 class Launcher:
-    def __init__(self, cfg: BrorlConfig, resume: bool = False, quiet: bool = False):
+    def __init__(self, cfg: BrorlConfig, resume: bool = False, quiet: bool = False, gpus: int | None = None):
+        cfg, self.placement = placed(cfg, gpus)
         self.cfg = cfg
         self.resume = resume
         self.quiet = quiet
@@ -85,13 +109,19 @@ class Launcher:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._rotate(name)
         log = open(self.logs / f"{name}.log", "ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.gpu_env(name)}
         p = subprocess.Popen(_brorl(*args), stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         self.procs[name] = p
         self._started_at[name] = time.monotonic()
         return p
+
+    def gpu_env(self, name: str) -> dict[str, str]:
+        """The role's `CUDA_VISIBLE_DEVICES`: only its own GPUs (none set where nothing is placed)."""
+        p = self.placement
+        gpus = p.learner if name == "learner" else p.actors[int(name.rsplit("-", 1)[1])] if p.actors else []
+        return {"CUDA_VISIBLE_DEVICES": visible_env(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))} if gpus else {}
 
     def _rotate(self, name: str) -> None:
         """copy-truncate: the child appends (O_APPEND) to the same file, which starts again from empty; the
@@ -108,6 +138,8 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.run_dir / "config.toml"
         cfg_path.write_text(to_toml(self.cfg))
+        if self.placement.learner or self.placement.actors:
+            print(f"[brorl run] placement: {self.placement.describe()}", flush=True)
         self._start("learner", ["learner", "--config", str(cfg_path), *(["--resume"] if self.resume else [])])
         for i in range(self.cfg.actor.num_actors):
             self._start(f"actor-{i}", self._actor_args(f"actor-{i}"))

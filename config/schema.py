@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from config.placement import check_fields
+
 #: vLLM captures CUDA graphs for decode batches up to this many sequences by default; above it the
 #: engine falls back to eager kernels (seen on the GPU machine: 110 vs 71 samples/s, shared/gpu).
 VLLM_DEFAULT_MAX_CAPTURE_SIZE = 512
@@ -57,6 +59,17 @@ class ActorConfig(_Section):
     max_tokens: int = Field(16, ge=1)
     """Maximum completion length, tokens. Paper: 16,384 context."""
 
+    length_dist: Literal["fixed", "lognormal"] = "fixed"
+    """Completion budget per request (one group): "fixed" = `max_tokens`; "lognormal" = drawn per prompt
+    from a log-normal with median `length_median` and log-σ `length_sigma`, capped at `max_tokens` (a long
+    tail of stragglers, as real completion lengths have, for throughput measurements)."""
+
+    length_median: int = Field(0, ge=0)
+    """Median completion budget of `length_dist = "lognormal"`, tokens (0: `max_tokens` / 4)."""
+
+    length_sigma: float = Field(1.0, gt=0.0, le=4.0)
+    """Log-σ of `length_dist = "lognormal"` (1.0: the 99th percentile ~10 × the median)."""
+
     stop: list[str] = Field(default_factory=list)
     """Extra stop strings; the tokenizer's end-of-sequence token always stops."""
 
@@ -76,12 +89,22 @@ class ActorConfig(_Section):
     enable_prefix_caching: bool = True
     """Reuse the prompt's KV cache across the N completions of a group."""
 
-    in_flight_on_update: Literal["finish", "abort"] = "finish"
-    """What happens to requests in flight when new weights arrive: finish them under the old weights,
-    or abort them and return their prompts to the learner."""
+    in_flight_on_update: Literal["finish", "abort", "keep"] = "finish"
+    """What happens to requests in flight when new weights arrive: "finish" them under the old weights
+    (no new prompt starts meanwhile), "abort" them and return their prompts to the learner, or "keep"
+    them: the engine pauses with them frozen, loads the weights and resumes, so nothing waits for the
+    slowest sequence; every token then carries the version that sampled it (the GPU presets' choice;
+    a request the update would leave more than `learner.max_staleness` behind is aborted)."""
 
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation (debugging; slower)."""
+
+    tensor_parallel_size: int = Field(1, ge=1, le=16)
+    """GPUs per actor engine (vLLM tensor parallelism); `brorl run` gives each actor this many GPUs."""
+
+    gpus: list[int] = Field(default_factory=list)
+    """GPUs of the actors, as `brorl run` sees them: actor i takes `tensor_parallel_size` consecutive
+    entries. Empty: the GPUs after the learner's, in order. Ignored where no GPU is visible."""
 
     max_engine_restarts: int = Field(3, ge=0)
     """Times an actor rebuilds a dead vLLM engine in place (in-flight prompts go back to the learner, the
@@ -176,6 +199,10 @@ class LearnerConfig(_Section):
     the service and hands each rank its micro-batches; DeepSpeed ZeRO (`backend = "deepspeed"`) shards
     gradients and optimizer state over them."""
 
+    gpus: list[int] = Field(default_factory=list)
+    """GPUs of the learner's ranks for `brorl run` (rank r on the r-th), with `device = "cuda"`. Empty: the
+    first `devices` GPUs, or the one `device = "cuda:k"` names. Each role sees only its own GPUs."""
+
     no_progress_s: float = Field(60.0, gt=0.0)
     """When no step has completed for this long, the learner logs why no batch is forming (and again
     every as long), and counts it in the next step's `no_progress_warnings`."""
@@ -252,7 +279,9 @@ class TransportConfig(_Section):
 
 class VerifierConfig(_Section):
     task: str = "synthetic"
-    """Task family for training and evaluation: synthetic, math, code, or reasoning_gym:<dataset>."""
+    """Task family for training and evaluation: synthetic, math, code, reasoning_gym:<dataset>, or
+    throughput:<pass rate>[:<prompt chars>] (any model, trained or not, passes at that rate: for measuring
+    the system with random-weight models)."""
 
     difficulty: int = Field(1, ge=1)
     """Difficulty knob of the synthetic task (digits per operand)."""
@@ -379,6 +408,13 @@ class BrorlConfig(_Section):
             raise ValueError(f"learner.devices ({lrn.devices}) × learner.num_minibatches ({lrn.num_minibatches}) "
                              f"exceeds the samples per step ({lrn.prompts_per_step} × {act.n_samples}): a rank "
                              f"would get no sample of a mini-batch")
+        if act.in_flight_on_update == "keep" and lrn.max_staleness > 255:
+            raise ValueError(f"learner.max_staleness ({lrn.max_staleness}) above 255 with actor.in_flight_on_update "
+                             f"= \"keep\": a token's version travels as an offset of at most 255")
+        if act.length_median > act.max_tokens:
+            raise ValueError(f"actor.length_median ({act.length_median}) exceeds actor.max_tokens ({act.max_tokens}), "
+                             f"the cap of every completion")
+        check_fields(self)  # GPU placement: double booking, counts (the hardware is checked at launch)
         if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
             raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")
         return self

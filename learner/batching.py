@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 
 from config.schema import BrorlConfig
 from transport import wire
@@ -163,9 +164,10 @@ class Dispatcher:
 
 
 class Admission:
-    """Staleness = the step at which a sample is trained − the version that generated it. Checked when a
-    group arrives (already too old: dropped) and again when its batch is trained (`check_batch`), which is
-    also where the histogram is recorded."""
+    """Staleness = the step at which a token is trained − the version that sampled it. A group is admitted
+    while its oldest token is at most `max_staleness` old: checked when it arrives (already too old:
+    dropped) and again when its batch is trained (`check_batch`), which is also where the per-token
+    histogram is recorded."""
 
     def __init__(self, max_staleness: int):
         self.max_staleness = max_staleness
@@ -173,22 +175,26 @@ class Admission:
         self.dropped_stale = 0
 
     def admit(self, g: wire.RolloutGroup, step: int) -> bool:
-        if step - g.policy_version > self.max_staleness:
+        if step - g.oldest_version > self.max_staleness:
             self.dropped_stale += 1
             return False
         return True
 
     def check_batch(self, groups: list[wire.RolloutGroup], step: int) -> tuple[list, list]:
-        """-> (groups to train, groups too stale to train). Records the trained samples' staleness."""
+        """-> (groups to train, groups too stale to train: one of whose tokens is). Records the staleness of
+        every trained token (weights updated in flight give a completion tokens of several versions)."""
         keep, stale = [], []
         for g in groups:
-            s = step - g.policy_version
-            if s > self.max_staleness:
+            if step - g.oldest_version > self.max_staleness:
                 stale.append(g)
                 self.dropped_stale += 1
             else:
                 keep.append(g)
-                self.staleness[max(s, 0)] += g.n
+                if len(g.versions):
+                    for s, n in enumerate(np.bincount(np.maximum(step - g.token_versions(), 0))):
+                        self.staleness[s] += int(n)
+                else:
+                    self.staleness[max(step - g.policy_version, 0)] += len(g.tokens)
         return keep, stale
 
     def take_stats(self) -> dict:

@@ -193,7 +193,8 @@ class LearnerService:
             return
         try:
             if self.members.group != alive:
-                info, offsets = self.broadcaster.rendezvous_info(free_port(self.cfg.transport.host), [1] * len(alive))
+                tp = self.cfg.actor.tensor_parallel_size  # each worker of a TP engine is a rank (vllm_ext)
+                info, offsets = self.broadcaster.rendezvous_info(free_port(self.cfg.transport.host), [tp] * len(alive))
                 await self.sockets.control.publish("weights", rendezvous=info, plan=self.broadcaster.plan.to_dict(),
                                                    offsets=dict(zip(alive, offsets)))
                 await self.broadcaster.open(info)

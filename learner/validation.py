@@ -83,8 +83,8 @@ class GroupValidator:
         if not bool(np.all((g.rewards >= lo) & (g.rewards <= hi))):
             bad = float(g.rewards[(g.rewards < lo) | (g.rewards > hi)][0])
             return f"reward_range: reward {bad:g} outside [{lo:g}, {hi:g}] declared by verifier {g.verifier!r}"
-        if g.policy_version > version:
-            return f"version_from_future: policy version {g.policy_version} > the learner's {version}"
+        if g.newest_version > version:
+            return f"version_from_future: policy version {g.newest_version} > the learner's {version}"
         return ""
 
     def count(self, actor: str, group_id: str, problem: str) -> str:

@@ -7,6 +7,7 @@ the GPU machine runs them with `pytest -m gpu`.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -23,6 +24,35 @@ def _has_cuda() -> bool:
         return torch.cuda.is_available()
     except Exception:
         return False
+
+
+HANG_DUMP_S = 600.0  # before pytest-timeout's ceiling (pyproject.toml): what a stuck test is awaiting
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test still running after HANG_DUMP_S prints every pending asyncio task's stack (an idle event loop
+    shows nothing in a thread dump); the output is shown with the failure when the timeout ends it."""
+    timer = threading.Timer(HANG_DUMP_S, _dump_tasks, args=(item.nodeid,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _dump_tasks(nodeid: str) -> None:
+    import asyncio
+    import gc
+    import io
+    import sys
+
+    out = io.StringIO()
+    print(f"\n=== {nodeid}: still running after {HANG_DUMP_S:.0f} s; pending asyncio tasks ===", file=out)
+    for task in [o for o in gc.get_objects() if type(o) is asyncio.Task and not o.done()]:
+        task.print_stack(file=out)
+    sys.stderr.write(out.getvalue())
 
 
 def pytest_collection_modifyitems(config, items):

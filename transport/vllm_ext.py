@@ -135,8 +135,51 @@ def register() -> None:
 register()
 
 
+class _CountingRequests(dict):
+    """The model runner's request table (`req_id -> CachedRequestState`), remembering how many tokens
+    each request had generated when the runner dropped it (it finished): a group's completion that
+    finished before a weight update is still counted at that update."""
+
+    def __init__(self, table: dict):
+        super().__init__(table)
+        self.finished: dict[str, int] = {}
+
+    def pop(self, key, *default):
+        state = super().pop(key, *default)
+        if state is not None and hasattr(state, "output_token_ids"):
+            self.finished[key] = len(state.output_token_ids)
+        return state
+
+    def take_counts(self) -> dict[str, int]:
+        """Tokens generated so far per request (those finished since the last call included)."""
+        out = {**self.finished, **{k: len(v.output_token_ids) for k, v in self.items()}}
+        self.finished = {}
+        return out
+
+
 class BrorlWorkerExtension:
     """Mixed into vLLM's worker class; methods are reachable through `collective_rpc`."""
+
+    def brorl_track_requests(self) -> bool:
+        """Start counting each request's generated tokens (`brorl_output_counts`); False where this vLLM's
+        model runner keeps no request table we know."""
+        runner = getattr(self, "model_runner", None)
+        table = getattr(runner, "requests", None)
+        if not isinstance(table, dict):
+            return False
+        if not isinstance(table, _CountingRequests):
+            runner.requests = _CountingRequests(table)
+        return True
+
+    def brorl_output_counts(self) -> dict[str, int]:
+        """Tokens each request has generated so far (engine request ids; a request that finished since the
+        last call included). Read while the engine is paused, just before new weights load: exactly the
+        tokens the outgoing weights sampled."""
+        table = getattr(getattr(self, "model_runner", None), "requests", None)
+        if not isinstance(table, _CountingRequests):
+            raise RuntimeError("brorl_output_counts before brorl_track_requests (or the model runner replaced "
+                               "its request table): the version of in-flight tokens cannot be known")
+        return table.take_counts()
 
     def brorl_weight_state(self) -> tuple[int, str]:
         eng = getattr(self, "weight_transfer_engine", None)

@@ -374,6 +374,16 @@ class WeightReceiver:
         self.plan = plan
         await self._rpc("init_weight_transfer_engine", init_info={**info, "rank_offset": rank_offset})
 
+    async def track_requests(self) -> bool:
+        """Make the workers count each request's generated tokens (for `output_counts`); False where the
+        engine's model runner cannot."""
+        return all(await self._rpc("brorl_track_requests"))
+
+    async def output_counts(self) -> dict[str, int]:
+        """Tokens generated so far by each request of the engine (its request ids), from the first worker
+        (all of a tensor-parallel engine's workers hold the same requests)."""
+        return (await self._rpc("brorl_output_counts"))[0]
+
     async def receive(self, version: int) -> tuple[int, str]:
         """Receive one update; returns (version, checksum) as loaded by the workers (all must agree)."""
         if self.plan is None:

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-SCHEMA_VERSION = 4  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
-# Snapshot.hello_needed. A message of another version is rejected, both versions named.
+SCHEMA_VERSION = 5  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
+# Snapshot.hello_needed; 5: RolloutGroup.versions (per token). A message of another version is rejected, both versions named.
 MAX_HEADER_BYTES = 1 << 20
 MAX_REASON_CHARS = 200  # a verifier's reason per completion, as sent (the header of N = 2048 stays < 1 MiB)
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
@@ -196,10 +196,30 @@ class RolloutGroup:
     """Seconds: e.g. {"generate": ..., "score": ...}."""
     reasons: list[str] = field(default_factory=list)
     """Optional per-completion verifier reasons (empty, or N strings)."""
+    versions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    """uint8[T] or uint8[0] — per token, the version that sampled it, as an offset from `policy_version`
+    (non-decreasing within a completion: weights updated in flight, `actor.in_flight_on_update = "keep"`).
+    Empty: every token is of `policy_version`."""
 
     @property
     def n(self) -> int:
         return int(self.lengths.shape[0])
+
+    def token_versions(self) -> np.ndarray:
+        """int64[T] — the version that sampled each token."""
+        if len(self.versions):
+            return self.policy_version + self.versions.astype(np.int64)
+        return np.full(len(self.tokens), self.policy_version, np.int64)
+
+    @property
+    def oldest_version(self) -> int:
+        """The version of the group's oldest token (a completion begun before a weight update in flight
+        may have none of `policy_version` when it had not started)."""
+        return self.policy_version + (int(self.versions.min()) if len(self.versions) else 0)
+
+    @property
+    def newest_version(self) -> int:
+        return self.policy_version + (int(self.versions.max()) if len(self.versions) else 0)
 
     def completions(self) -> list[np.ndarray]:
         return np.split(self.tokens, np.cumsum(self.lengths)[:-1]) if self.n else []
@@ -208,8 +228,8 @@ class RolloutGroup:
         return np.split(self.logprobs, np.cumsum(self.lengths)[:-1]) if self.n else []
 
 
-_ARRAYS = ("prompt_ids", "lengths", "tokens", "logprobs", "rewards", "correct", "finish")
-_ARRAY_DTYPES = dict(zip(_ARRAYS, ("int32", "int32", "int32", "float32", "float32", "uint8", "uint8")))
+_ARRAYS = ("prompt_ids", "lengths", "tokens", "logprobs", "rewards", "correct", "finish", "versions")
+_ARRAY_DTYPES = dict(zip(_ARRAYS, ("int32", "int32", "int32", "float32", "float32", "uint8", "uint8", "uint8")))
 _HEADER_ONLY = {"work_request": WorkRequest, "hello": Hello, "heartbeat": Heartbeat,
                 "assignment": WorkAssignment, "ack": GroupAck, "snapshot": Snapshot, "control": Control,
                 "admin": Admin, "admin_reply": AdminReply}
@@ -350,6 +370,14 @@ def _decode_group(header: dict, frames: list[Any]) -> RolloutGroup:
     total = int(arrays["lengths"].sum(dtype=np.int64))
     _check(arrays["tokens"].shape[0] == total, f"group: tokens has {arrays['tokens'].shape[0]} ids, lengths sum to {total}")
     _check(arrays["logprobs"].shape[0] == total, f"group: logprobs has {arrays['logprobs'].shape[0]} values for {total} tokens")
+    v = arrays["versions"]
+    _check(v.shape[0] in (0, total), f"group: versions has {v.shape[0]} entries for {total} tokens (0 or one per token)")
+    if v.shape[0] > 1:  # a completion's tokens never go back to older weights
+        step = np.diff(v.astype(np.int16))
+        within = np.ones(total - 1, bool)
+        starts = np.cumsum(arrays["lengths"], dtype=np.int64)[:-1]
+        within[starts[(starts >= 1) & (starts < total)] - 1] = False
+        _check(bool((step[within] >= 0).all()), "group: versions go back to older weights within a completion")
     _check(bool(np.isfinite(arrays["logprobs"]).all()) and bool((arrays["logprobs"] <= 1e-4).all()),
            "group: logprobs must be finite and <= 0")
     _check(bool(np.isfinite(arrays["rewards"]).all()), "group: rewards must be finite")

@@ -60,6 +60,7 @@ class LearnerSockets:
     def __init__(self, ep: Endpoints, sec: Security = Security(), hwm: int = 64, max_frame: int = -1,
                  heartbeat: tuple[float, float] = ZMTP_HEARTBEAT):
         self.ctx = zmq.asyncio.Context()
+        self.ctx.setsockopt(zmq.LINGER, 0)  # every socket of it, the authenticator's too: term never waits
         self.auth = security.start_authenticator(self.ctx, sec.keys_dir) if sec.curve else None
         headers = Limits(hwm, HEADER_FRAME, *heartbeat)
         self.work = WorkServer(self.ctx, ep, sec, headers)
@@ -250,6 +251,7 @@ class ActorSockets:
                  max_unacked: int = 64, resend_after_s: float = 10.0, incarnation: str | None = None,
                  heartbeat: tuple[float, float] = ZMTP_HEARTBEAT):
         self.ctx = zmq.asyncio.Context()
+        self.ctx.setsockopt(zmq.LINGER, 0)  # every socket of it, the authenticator's too: term never waits
         self.actor_id = actor_id
         self.incarnation = incarnation or uuid.uuid4().hex[:12]  # this process: in every hello and group id
         sec = Security(sec.curve, sec.keys_dir, sec.client_name or actor_id)

@@ -102,7 +102,8 @@ def reasoning_gym_tasks(name: str, seed: int, split: Split, size: int = 1000) ->
 
 
 def task_source(spec: str, seed: int, split: Split, difficulty: int = 1) -> Iterator[Task]:
-    """`synthetic`, `reasoning_gym:<dataset>` or `jsonl:<path>` -> endless task stream of one split."""
+    """`synthetic`, `reasoning_gym:<dataset>`, `throughput:<pass rate>[:<prompt chars>]` (verifiers/throughput.py)
+    or `jsonl:<path>` -> endless task stream of one split."""
     kind, _, arg = spec.partition(":")
     if kind == "synthetic":
         from verifiers import synthetic
@@ -110,12 +111,21 @@ def task_source(spec: str, seed: int, split: Split, difficulty: int = 1) -> Iter
         return synthetic.generate(seed, difficulty, split)
     if kind == "reasoning_gym" and arg:
         return reasoning_gym_tasks(arg, seed, split)
+    if kind == "throughput" and arg:
+        from verifiers import throughput
+
+        try:
+            rate, chars = throughput.parse_spec(arg)
+        except ValueError as e:
+            raise DatasetError(str(e)) from None
+        return throughput.generate(seed, rate, chars, split)
     if kind == "jsonl" and arg:
         tasks = load_jsonl(arg, split).tasks
         if not tasks:
             raise DatasetError(f"{arg} has no {split} tasks")
         return itertools.cycle(tasks)
-    raise DatasetError(f"unknown task spec {spec!r}: use synthetic, reasoning_gym:<dataset> or jsonl:<path>")
+    raise DatasetError(f"unknown task spec {spec!r}: use synthetic, reasoning_gym:<dataset>, "
+                       f"throughput:<pass rate>[:<prompt chars>] or jsonl:<path>")
 
 
 def verifier_names(spec: str, seed: int, difficulty: int = 1, sample: int = 256) -> set[str]:

@@ -26,6 +26,7 @@ BUILTINS = {
     "math": "verifiers.math",
     "code": "verifiers.code",
     "reasoning_gym": "verifiers.reasoning_gym",
+    "throughput": "verifiers.throughput",
 }
 
 

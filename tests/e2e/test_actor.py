@@ -51,11 +51,23 @@ def mismatch_kl(model, groups) -> float:
 def start_actor(cfg, tmp_path: Path, learner_url: str, actor_id: str) -> subprocess.Popen:
     cfg_path = tmp_path / f"{actor_id}.toml"
     cfg_path.write_text(to_toml(cfg))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONUNBUFFERED": "1"}
     log = open(tmp_path / f"{actor_id}.log", "wb")
     return subprocess.Popen([sys.executable, "-m", "cli", "actor", "--config", str(cfg_path),
                              "--learner", learner_url, "--actor-id", actor_id], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
+
+
+async def stop_actor(proc: subprocess.Popen, fl: FakeLearner) -> None:
+    """SIGTERM (killed if it has not stopped within 90 s), then the fake learner closes."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.to_thread(proc.wait, 90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        fl.close()
 
 
 def actor_cfg(model_dir: str, n: int, **extra):
@@ -201,21 +213,28 @@ async def test_sigterm_exits_cleanly_leaving_no_orphans(sc):
     assert alive == [], f"orphans after SIGTERM: {alive}"
 
 
-async def test_actor_groups_of_32(tiny_model_dir, tmp_path):
+async def test_actor_groups_of_32_with_long_tailed_completion_budgets(tiny_model_dir, tmp_path):
+    """N = 32, and each request's `max_tokens` drawn per prompt (`actor.length_dist = "lognormal"`): every
+    completion the engine cut for length ends exactly at its prompt's budget."""
     from transformers import AutoModelForCausalLM
+
+    from actors.engine import request_max_tokens
+    from transport import wire
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     fl = FakeLearner(model)
-    proc = start_actor(actor_cfg(tiny_model_dir, 32), tmp_path, fl.work_url, "a32")
+    cfg = actor_cfg(tiny_model_dir, 32, **{"actor.max_tokens": 24, "actor.length_dist": "lognormal",
+                                           "actor.length_median": 6})
+    proc = start_actor(cfg, tmp_path, fl.work_url, "a32")
     try:
-        groups = await fl.wait_groups(2, timeout_s=240)
+        groups = await fl.wait_groups(4, timeout_s=240)
         assert all(g.n == 32 for g in groups)
         assert mismatch_kl(model, groups) < KL_BOUND
+        budgets = [request_max_tokens(cfg.actor, cfg.run.seed, g.prompt_id) for g in groups]
+        assert len(set(budgets)) > 1, budgets  # the budgets differ by prompt
+        cut = wire.FINISH_REASONS.index("length")
+        for g, budget in zip(groups, budgets):
+            assert g.lengths.max() <= budget, (g.prompt_id, budget, g.lengths)
+            assert all(n == budget for n, f in zip(g.lengths, g.finish) if f == cut), (budget, g.lengths, g.finish)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(proc.wait, 90)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            fl.close()
+        await stop_actor(proc, fl)

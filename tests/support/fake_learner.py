@@ -13,7 +13,7 @@ from verifiers import synthetic
 
 
 class FakeLearner:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, backend: str = "gloo"):
         base = free_ports(3)  # actors derive the rollout and control ports from the work port (+1, +2)
         self.sockets = LearnerSockets(Endpoints("127.0.0.1", base, base + 1, base + 2))
         self.ep = self.sockets.endpoints
@@ -26,7 +26,8 @@ class FakeLearner:
         self.grant = True
         self.tasks = synthetic.generate(11, 1, "train")
         self.next_id = 0
-        self.broadcaster = WeightBroadcaster(lambda: self.model.state_dict().items(), bucket_mb=1, timeout_s=60)
+        self.broadcaster = WeightBroadcaster(lambda: self.model.state_dict().items(), bucket_mb=1, timeout_s=60,
+                                             backend=backend)  # NCCL: the model on this process's GPU
         self._tasks = [asyncio.create_task(self._work(), name="fake:work"),
                        asyncio.create_task(self._rollouts(), name="fake:rollouts")]
 

@@ -1,5 +1,4 @@
 import json
-import os
 import textwrap
 
 import pytest
@@ -7,9 +6,8 @@ import pytest
 from verifiers import math as math_v
 from verifiers import reasoning_gym as rg_v
 from verifiers import synthetic
-from verifiers.base import VerifierResult
 from verifiers.datasets import DatasetError, load_jsonl, split_of, task_source
-from verifiers.registry import Registry, VerifierLoadError, load, run_self_test
+from verifiers.registry import Registry, VerifierLoadError, run_self_test
 
 # (completion, reference, equivalent?)
 MATH_TABLE = [

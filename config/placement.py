@@ -1,0 +1,125 @@
+"""Which GPUs each role of a one-host job uses (`brorl run`; the Ray launcher places roles the same way).
+
+The learner takes `learner.gpus`, or by default the first `learner.devices` GPUs (the one GPU `cuda:k`
+names, if `learner.device` names one); each actor takes `actor.tensor_parallel_size` consecutive GPUs of
+`actor.gpus`, or by default of the GPUs the learner does not use. Each role's process is then started
+seeing only its own GPUs (`CUDA_VISIBLE_DEVICES`), so inside it they are cuda:0, cuda:1, ...
+
+`check_fields` runs when a config loads (what needs no hardware: double booking, counts); `place` when a
+job starts, with the number of GPUs this host shows (too few GPUs, ordinals that do not exist). Both
+raise `ValueError` naming the fields to change. With no GPU visible nothing is placed: the CPU engines
+and a CPU learner run as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from config.schema import BrorlConfig
+
+
+@dataclass(frozen=True)
+class Placement:
+    learner: list[int] = field(default_factory=list)
+    """GPU ordinals of the learner's ranks (rank r on learner[r]); empty: the learner runs on the CPU."""
+    actors: list[list[int]] = field(default_factory=list)
+    """GPU ordinals of actor i (`actor.tensor_parallel_size` of them); empty: the actors run on the CPU."""
+
+    def describe(self) -> str:
+        parts = [f"learner GPU{'s' * (len(self.learner) > 1)} {_ids(self.learner)}" if self.learner
+                 else "learner on CPU"]
+        parts += [f"actor-{i} GPU{'s' * (len(g) > 1)} {_ids(g)}" for i, g in enumerate(self.actors)] or \
+                 ["actors on CPU"]
+        return ", ".join(parts)
+
+
+def _ids(gpus: list[int]) -> str:
+    return ",".join(map(str, gpus))
+
+
+def _learner_on_gpu(cfg: BrorlConfig) -> bool:
+    return cfg.learner.device.startswith("cuda")
+
+
+def check_fields(cfg: BrorlConfig) -> None:
+    """What can be checked without the hardware; raises ValueError naming the fields."""
+    lrn, act = cfg.learner, cfg.actor
+    for name, gpus in (("learner.gpus", lrn.gpus), ("actor.gpus", act.gpus)):
+        if len(set(gpus)) != len(gpus):
+            twice = sorted({g for g in gpus if gpus.count(g) > 1})
+            raise ValueError(f"{name} {gpus} books GPU {_ids(twice)} twice")
+    if lrn.gpus:
+        if not _learner_on_gpu(cfg):
+            raise ValueError(f"learner.gpus {lrn.gpus} is set but learner.device = {lrn.device!r}: set "
+                             f"learner.device = \"cuda\" to train on them")
+        if lrn.device != "cuda":
+            raise ValueError(f"learner.device = {lrn.device!r} and learner.gpus {lrn.gpus} both choose the "
+                             f"learner's GPU: set learner.device = \"cuda\" and list the GPUs in learner.gpus")
+        if len(lrn.gpus) != lrn.devices:
+            raise ValueError(f"learner.gpus {lrn.gpus} lists {len(lrn.gpus)} GPU(s) for learner.devices = "
+                             f"{lrn.devices} ranks: one GPU per rank")
+    need = act.num_actors * act.tensor_parallel_size
+    if act.gpus and len(act.gpus) != need:
+        raise ValueError(f"actor.gpus {act.gpus} lists {len(act.gpus)} GPU(s); actor.num_actors ({act.num_actors}) "
+                         f"× actor.tensor_parallel_size ({act.tensor_parallel_size}) needs {need}")
+    both = sorted(set(lrn.gpus) & set(act.gpus))
+    if both:
+        raise ValueError(f"GPU {_ids(both)} is booked twice: in learner.gpus {lrn.gpus} and in actor.gpus {act.gpus}")
+
+
+def place(cfg: BrorlConfig, visible: int) -> Placement:
+    """Each role's GPUs on a host that shows `visible` GPUs; raises ValueError naming the fields when
+    they do not fit."""
+    check_fields(cfg)
+    lrn, act = cfg.learner, cfg.actor
+    tp, need = act.tensor_parallel_size, act.num_actors * act.tensor_parallel_size
+    if visible == 0:
+        if _learner_on_gpu(cfg):
+            raise ValueError(f"learner.device = {lrn.device!r} but this host shows no GPU: set "
+                             f"learner.device = \"cpu\" or run where CUDA is visible")
+        if act.gpus or tp > 1:
+            raise ValueError(f"actor.gpus {act.gpus} / actor.tensor_parallel_size = {tp} need GPUs, and this "
+                             f"host shows none")
+        return Placement()
+    if not _learner_on_gpu(cfg):
+        learner: list[int] = []
+    elif lrn.gpus:
+        learner = list(lrn.gpus)
+    elif lrn.device.startswith("cuda:"):
+        learner = [int(lrn.device.split(":", 1)[1])]
+    else:
+        learner = list(range(lrn.devices))
+    missing = [g for g in learner if g >= visible]
+    if missing:
+        raise ValueError(f"the learner's GPU {_ids(missing)} (learner.gpus / learner.device / learner.devices) does "
+                         f"not exist: this host shows {visible} GPU(s), 0 to {visible - 1}")
+    if act.gpus:
+        pool = list(act.gpus)
+        missing = [g for g in pool if g >= visible]
+        if missing:
+            raise ValueError(f"actor.gpus names GPU {_ids(missing)}: this host shows {visible} GPU(s), 0 to "
+                             f"{visible - 1}")
+        both = sorted(set(pool) & set(learner))
+        if both:
+            raise ValueError(f"GPU {_ids(both)} is booked twice: the learner's (learner.device = {lrn.device!r}) "
+                             f"and in actor.gpus {act.gpus}")
+    else:
+        pool = [g for g in range(visible) if g not in learner]
+        if len(pool) < need:
+            raise ValueError(f"too few GPUs: actor.num_actors ({act.num_actors}) × actor.tensor_parallel_size "
+                             f"({tp}) = {need} actor GPUs after the learner's {len(learner)} "
+                             f"(learner.devices = {lrn.devices}), and this host shows {visible}: lower "
+                             f"actor.num_actors, or place the roles with learner.gpus / actor.gpus")
+        pool = pool[:need]
+    return Placement(learner, [pool[i * tp:(i + 1) * tp] for i in range(act.num_actors)])
+
+
+def visible_env(gpus: list[int], parent: str | None) -> str:
+    """`CUDA_VISIBLE_DEVICES` for a child that is to see `gpus` (ordinals as this process sees them),
+    given this process's own `CUDA_VISIBLE_DEVICES` (`parent`; None: it sees every GPU)."""
+    if parent is None or parent.strip() == "":
+        return _ids(gpus)
+    mine = [x.strip() for x in parent.split(",") if x.strip()]
+    return ",".join(mine[g] for g in gpus)

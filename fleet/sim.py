@@ -1,0 +1,411 @@
+"""A discrete-event model of one brorl job: actors, the learner, grants, admission and weight updates.
+
+What is modelled (one event queue, simulated seconds):
+  - Actors (engines). A group of N completions starts when the learner grants its prompt; its N lengths
+    are drawn (log-normal around `mean_tokens`, capped at `max_tokens`). An engine's decode throughput
+    grows with the sequences it holds, R(S) = `gen_tokens_per_s` · S / (S + `gen_half_seqs`), shared
+    equally, so a group lasts (its longest completion) / (R(S) / S), S taken when it starts. Then it is
+    scored and sent. An actor asks for work while it has room (`prompts_per_request` of its
+    2 × `prompts_per_request` credits free) and its weights are at most K versions behind.
+  - The learner. Arriving groups go through the learner's own rules (`learner.batching`): the lease
+    (`Dispatcher.claim`), dynamic sampling (each kept with probability `keep_rate`; the dispatcher's
+    running keep rate follows), admission by staleness (`Admission.admit`, `check_batch`), and grants
+    bounded by freshness (`Dispatcher.grant`). With B kept groups it trains (`train_s_per_token` per token
+    on one GPU, divided over `learner_gpus` at `scale_efficiency` per doubling, plus `train_s_fixed`),
+    then broadcasts: under "finish" every member first drains what it has in flight (stops admitting, its
+    groups finish under the old weights); under "keep" it pauses at once. The transfer takes
+    `sync_s_fixed` + `sync_s_per_member` × members, then each member loads (`load_s`) and goes on.
+  - Failures: each actor fails after an exponential time of mean `mtbf_s`; its prompts go back to the
+    queue (`Dispatcher.retire`), it leaves the weight group, and returns `restart_s` later with the
+    current weights (one transfer and load).
+  - One shared host (`host_cores` > 0, for validating against our 2-core CPU runs): an actor generating
+    and the learner training share the cores, each slowed by cores / (cores they would use together).
+
+Not modelled: the network (groups arrive when scored), the per-token version mix of kept requests (a
+group's staleness is its start version's), prefill, and speed changes of a running group when other
+groups start or end on its engine.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from learner.batching import Admission, Dispatcher
+
+
+@dataclass
+class Rates:
+    """Component costs, measured by our benchmarks (`fleet/calibration.py`)."""
+    gen_tokens_per_s: float = 10_000.0
+    """One actor engine's decode throughput when saturated, tokens/s."""
+    gen_half_seqs: float = 64.0
+    """Concurrent sequences at which an engine reaches half of that."""
+    score_s_per_group: float = 0.0
+    """Scoring one group (N completions), seconds."""
+    train_s_per_token: float = 2e-5
+    """Learner time per trained token on one GPU (forward, backward, update, π_old)."""
+    train_s_fixed: float = 0.05
+    """Per step, whatever its size (optimizer, bookkeeping)."""
+    scale_efficiency: float = 0.95
+    """Learner speed-up kept per doubling of its GPUs (0.95: 1.9× on 2 GPUs)."""
+    sync_s_fixed: float = 0.02
+    """A weight broadcast's cost whatever the members (the model's bytes over the wire)."""
+    sync_s_per_member: float = 0.0
+    """Added per member of the weight group."""
+    load_s: float = 0.02
+    """An actor loading the received weights."""
+    host_cores: float = 0.0
+    """> 0: the actors and the learner share one host with this many cores."""
+    actor_cores: float = 2.0
+    learner_cores: float = 2.0
+
+
+@dataclass
+class Fleet:
+    actors: int = 4
+    learner_gpus: int = 1
+    n: int = 16
+    prompts_per_step: int = 8
+    prompts_per_request: int = 2
+    max_staleness: int = 1
+    mean_tokens: float = 256.0
+    length_sigma: float = 0.0
+    max_tokens: int = 0
+    """Cap of a completion (0: none)."""
+    keep_rate: float = 0.6
+    in_flight: str = "finish"
+    mtbf_s: float = math.inf
+    restart_s: float = 30.0
+    steps: int = 50
+    seed: int = 0
+    rates: Rates = field(default_factory=Rates)
+
+
+@dataclass
+class Result:
+    samples_per_s: float
+    trained_samples_per_s: float
+    learner_wait_share: float
+    actor_idle_share: float
+    staleness_mean: float
+    staleness_hist: dict[str, float]
+    lag_mean: float
+    """Mean learner version − actor version when a group starts (how far behind generation runs)."""
+    steps: int
+    sim_s: float
+    failures: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Tasks:
+    """The dispatcher's task stream: prompts are ids only here."""
+
+    def __getitem__(self, i: int):
+        return SimpleNamespace(prompt="", reference="", verifier="sim", task_id=str(i))
+
+
+@dataclass
+class _Group:
+    """What `Admission` reads of a wire group."""
+    gid: int
+    pid: int
+    actor: int
+    policy_version: int
+    n: int
+    n_tokens: int
+    versions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+
+    @property
+    def oldest_version(self) -> int:
+        return self.policy_version
+
+    @property
+    def tokens(self) -> range:
+        return range(self.n_tokens)
+
+
+@dataclass
+class _Actor:
+    version: int = 0
+    up: bool = True
+    inflight: dict[int, list] = field(default_factory=dict)  # gid -> [end time, group]
+    draining: bool = False  # an update is announced: no new prompt until it is loaded
+    idle_since: float | None = 0.0
+    idle_s: float = 0.0
+    waiting: bool = False  # a request retry is scheduled
+
+
+class Sim:
+    POLL_S = 0.1  # an actor that got nothing asks again after this
+    STALL_S = 36_000.0  # no step for this long (simulated): the model is stuck, which is an error
+
+    def __init__(self, fleet: Fleet):
+        self.f, self.r = fleet, fleet.rates
+        self.rng = random.Random(fleet.seed)
+        cfg = SimpleNamespace(learner=SimpleNamespace(prompts_per_step=fleet.prompts_per_step,
+                                                      max_staleness=fleet.max_staleness))
+        self.dispatcher = Dispatcher(cfg, tasks=_Tasks())
+        self.admission = Admission(fleet.max_staleness)
+        self.actors = [_Actor() for _ in range(fleet.actors)]
+        self.events: list = []
+        self._seq = itertools.count()
+        self._gid = itertools.count()
+        self.now = 0.0
+        self.version = 0
+        self.kept: list[_Group] = []
+        self.settled: list[int] = []  # prompts dropped by dynamic sampling, committed with the next step
+        self.training = self.updating = False
+        self.ready: set[int] = set()  # members ready for the announced update
+        self.wait_s, self._wait_since = 0.0, 0.0
+        self.generated = self.trained = 0
+        self.staleness: Counter[int] = Counter()
+        self.lags: list[int] = []
+        self.failures = 0
+        self.received = 0  # groups received since the last step (the keep-rate estimate)
+        self._sending = False
+
+    # ------------------------------------------------------------------ the event queue
+    def at(self, t: float, fn, *args) -> None:
+        heapq.heappush(self.events, (t, next(self._seq), fn, args))
+
+    def run(self) -> Result:
+        for i in range(self.f.actors):
+            self.at(0.0, self.request, i)
+            if math.isfinite(self.f.mtbf_s):
+                self.at(self.rng.expovariate(1 / self.f.mtbf_s), self.fail, i)
+        progress = (0, 0.0)  # (version, when it was reached)
+        while self.events and self.version < self.f.steps:
+            self.now, _, fn, args = heapq.heappop(self.events)
+            fn(*args)
+            if self.version != progress[0]:
+                progress = (self.version, self.now)
+            elif self.now - progress[1] > self.STALL_S:
+                raise RuntimeError(f"the simulated job stalled at step {self.version} (no step for {self.STALL_S:.0f} "
+                                   f"simulated s): kept {len(self.kept)}, pending {len(self.dispatcher.pending)}, "
+                                   f"actors {[(a.version, a.up, len(a.inflight)) for a in self.actors]}")
+        for a in self.actors:
+            self._busy(a)
+        total = max(self.now, 1e-9)
+        hist_n = sum(self.staleness.values()) or 1
+        return Result(
+            samples_per_s=self.generated / total, trained_samples_per_s=self.trained / total,
+            learner_wait_share=self.wait_s / total,
+            actor_idle_share=sum(a.idle_s for a in self.actors) / (total * len(self.actors)),
+            staleness_mean=sum(k * v for k, v in self.staleness.items()) / hist_n,
+            staleness_hist={str(k): v / hist_n for k, v in sorted(self.staleness.items())},
+            lag_mean=float(np.mean(self.lags)) if self.lags else 0.0, steps=self.version, sim_s=self.now,
+            failures=self.failures)
+
+    # ------------------------------------------------------------------ actors
+    def _busy(self, a: _Actor) -> None:
+        if a.idle_since is not None:
+            a.idle_s += self.now - a.idle_since
+            a.idle_since = None
+
+    def _maybe_idle(self, a: _Actor) -> None:
+        if not a.inflight and a.idle_since is None:
+            a.idle_since = self.now
+
+    def _may_admit(self, a: _Actor) -> bool:
+        return a.up and not a.draining and self.version - a.version <= self.f.max_staleness
+
+    def request(self, i: int) -> None:
+        a = self.actors[i]
+        a.waiting = False
+        credits = 2 * self.f.prompts_per_request - len(a.inflight)
+        if not self._may_admit(a) or credits < self.f.prompts_per_request:
+            return  # asked again when a group ends or weights arrive
+        room = max(0, 2 * self.f.prompts_per_step - len(self.kept))
+        items = self.dispatcher.grant(str(i), credits, room, step=self.version, actor_version=a.version,
+                                      settled=len(self.settled))
+        for item in items:
+            self._start(i, item.prompt_id)
+        if not items:
+            a.waiting = True
+            self.at(self.now + self.POLL_S, self.request, i)
+
+    def _lengths(self) -> list[int]:
+        f = self.f
+        out = []
+        for _ in range(f.n):
+            x = f.mean_tokens * (math.exp(self.rng.gauss(0, f.length_sigma)) if f.length_sigma > 0 else 1.0)
+            out.append(max(1, min(f.max_tokens or math.inf, round(x))))
+        return out
+
+    def _contention(self, learner_busy: bool, generating: int) -> float:
+        """Speed left to one role on a shared host."""
+        r = self.r
+        if r.host_cores <= 0:
+            return 1.0
+        demand = generating * r.actor_cores + (r.learner_cores if learner_busy else 0.0)
+        return min(1.0, r.host_cores / demand) if demand > 0 else 1.0
+
+    def _start(self, i: int, pid: int) -> None:
+        a, r = self.actors[i], self.r
+        self._busy(a)
+        lengths = self._lengths()
+        seqs = self.f.n * (len(a.inflight) + 1)
+        per_seq = r.gen_tokens_per_s / (seqs + r.gen_half_seqs)  # R(S) / S
+        generating = sum(1 for x in self.actors if x.inflight) + (0 if a.inflight else 1)
+        per_seq *= self._contention(self.training, generating)
+        g = _Group(next(self._gid), pid, i, a.version, self.f.n, sum(lengths))
+        end = self.now + max(lengths) / per_seq
+        a.inflight[g.gid] = [end, g]
+        self.lags.append(self.version - a.version)
+        self.at(end, self.group_done, i, g.gid)
+
+    def group_done(self, i: int, gid: int) -> None:
+        a = self.actors[i]
+        entry = a.inflight.get(gid)
+        if entry is None or entry[0] > self.now + 1e-12:
+            return  # lost in a failure, or postponed by a pause (a later event is queued)
+        del a.inflight[gid]
+        self.generated += self.f.n
+        self.at(self.now + self.r.score_s_per_group, self.arrive, entry[1])
+        self._maybe_idle(a)
+        if a.draining and not a.inflight and self.updating:
+            self._member_ready(i)
+        if not a.waiting:
+            self.request(i)
+
+    def fail(self, i: int) -> None:
+        a = self.actors[i]
+        if not a.up:
+            return
+        self.failures += 1
+        a.up, a.draining = False, False
+        a.inflight.clear()
+        self._maybe_idle(a)
+        self.dispatcher.retire(str(i))
+        if self.updating:
+            self.ready.discard(i)
+            self._maybe_transfer()
+        self.at(self.now + self.f.restart_s, self.restart, i)
+
+    def restart(self, i: int) -> None:
+        a, r = self.actors[i], self.r
+        a.version = -1  # gets the current weights before it takes work
+        self.at(self.now + r.sync_s_fixed + r.sync_s_per_member + r.load_s, self._rejoined, i)
+
+    def _rejoined(self, i: int) -> None:
+        a = self.actors[i]
+        a.up, a.version, a.draining = True, self.version, self.updating
+        if self.updating:
+            self._member_ready(i)
+        self.at(self.now, self.request, i)
+        if math.isfinite(self.f.mtbf_s):
+            self.at(self.now + self.rng.expovariate(1 / self.f.mtbf_s), self.fail, i)
+
+    # ------------------------------------------------------------------ the learner
+    def arrive(self, g: _Group) -> None:
+        d = self.dispatcher
+        if not d.claim(g.pid, str(g.actor)):
+            return  # its lease went elsewhere (the actor failed): generated, never trained
+        kept = self.rng.random() < self.f.keep_rate
+        self.received += 1
+        if not kept:
+            self.settled.append(g.pid)
+        elif not self.admission.admit(g, self.version):
+            d.give_back([g.pid])
+        else:
+            self.kept.append(g)
+        self._try_train()
+
+    def _try_train(self) -> None:
+        B = self.f.prompts_per_step
+        if self.training or self.updating:
+            return
+        while True:  # B groups that are still fresh at this step, or wait for more
+            if len(self.kept) < B:
+                return
+            keep, stale = self.admission.check_batch(self.kept[:B], self.version)
+            self.dispatcher.give_back([g.pid for g in stale])
+            self.kept = keep + self.kept[B:]
+            if len(keep) == B:
+                self.kept = self.kept[B:]
+                break
+        self.wait_s += self.now - self._wait_since
+        self.dispatcher.observe_keep_rate(len(keep), self.received)  # as the service does, once a step
+        self.received = 0
+        self.training = True
+        r, f = self.r, self.f
+        gpus = max(1, f.learner_gpus)
+        speedup = gpus * r.scale_efficiency ** math.log2(gpus)
+        tokens = sum(g.n_tokens for g in keep)
+        generating = sum(1 for a in self.actors if a.inflight)
+        s = (tokens * r.train_s_per_token / speedup + r.train_s_fixed) / self._contention(True, generating)
+        for g in keep:
+            self.staleness[self.version - g.policy_version] += g.n
+        self.trained += sum(g.n for g in keep)
+        consumed = [g.pid for g in keep] + self.settled
+        self.settled = []
+        self.at(self.now + s, self.trained_step, consumed)
+
+    def trained_step(self, consumed: list[int]) -> None:
+        self.dispatcher.commit(consumed)
+        self.training, self.updating = False, True
+        self.version += 1
+        self.ready = set()
+        for i, a in enumerate(self.actors):
+            if not a.up:
+                continue
+            a.draining = True
+            if self.f.in_flight == "keep":  # requests this update leaves too far behind are aborted
+                stale = [gid for gid, (_, g) in a.inflight.items()
+                         if self.version - g.policy_version > self.f.max_staleness]
+                for gid in stale:
+                    self.dispatcher.give_back([a.inflight.pop(gid)[1].pid])
+                self._maybe_idle(a)
+            if self.f.in_flight == "keep" or not a.inflight:
+                self._member_ready(i)
+        self._maybe_transfer()
+
+    def _member_ready(self, i: int) -> None:
+        self.ready.add(i)
+        self._maybe_transfer()
+
+    def _maybe_transfer(self) -> None:
+        members = [i for i, a in enumerate(self.actors) if a.up]
+        if not self.updating or any(i not in self.ready for i in members) or self._sending:
+            return
+        self._sending = True
+        r = self.r
+        transfer = r.sync_s_fixed + r.sync_s_per_member * len(members)
+        self.at(self.now + transfer, self._transferred, members, transfer)
+
+    def _transferred(self, members: list[int], transfer: float) -> None:
+        self._sending = False
+        self.updating = False
+        self._wait_since = self.now
+        for i in members:
+            a = self.actors[i]
+            if not a.up:
+                continue
+            pause = self.r.load_s + transfer  # kept requests were frozen from the announcement on
+            for gid, entry in a.inflight.items():  # kept requests wait out the pause
+                entry[0] += pause
+                self.at(entry[0], self.group_done, i, gid)
+            self.at(self.now + self.r.load_s, self._loaded, i)
+        self._try_train()
+
+    def _loaded(self, i: int) -> None:
+        a = self.actors[i]
+        if not a.up:
+            return
+        a.version, a.draining = self.version, False
+        if not a.waiting:
+            self.request(i)
+
+
+def simulate(fleet: Fleet) -> Result:
+    return Sim(fleet).run()

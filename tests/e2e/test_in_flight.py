@@ -1,0 +1,74 @@
+"""Weights updated in flight (`actor.in_flight_on_update = "keep"`) on a real vLLM engine (CPU): the engine
+pauses with its requests frozen, loads the new weights and resumes them, and every token of a group says
+which weights sampled it — exactly: the tokens labelled with the old version are the old weights' samples
+(their behaviour log-probs equal the old model's), and the first token labelled new is not."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from learner.logprobs import pack, token_logprobs
+from tests.e2e.test_actor import actor_cfg, start_actor, stop_actor
+from tests.support.fake_learner import FakeLearner
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def perturbed(model_dir: str, seed: int):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return m
+
+
+def logprobs_under(model, g) -> list[np.ndarray]:
+    comps = [c.tolist() for c in g.completions()]
+    b = pack([g.prompt_ids.tolist()] * len(comps), comps)
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, b)
+    return [lp[i][b.mask[i]].numpy() for i in range(len(comps))]
+
+
+async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    m0 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    fl = FakeLearner(m0)
+    cfg = actor_cfg(tiny_model_dir, 8, **{"actor.in_flight_on_update": "keep", "actor.max_tokens": 48,
+                                          "actor.max_model_len": 64, "learner.max_staleness": 4})
+    proc = start_actor(cfg, tmp_path, fl.work_url, "a0")
+    try:
+        await fl.wait_groups(2, timeout_s=240)  # generating under the disk weights (version 0)
+        mixed = []
+        for v in range(1, 4):  # an update lands while requests are in flight (the actor keeps 4 going)
+            fl.model = perturbed(tiny_model_dir, v)
+            await fl.push_weights(["a0"], version=v)
+            got = await fl.wait_groups(1, timeout_s=120, where=lambda g: g.versions.size and g.versions.max() > 0)
+            mixed = [g for g in got if g.policy_version == 0 and g.versions.min() == 0]
+            if mixed:
+                break
+        assert mixed, "no group was sampled partly by version 0 and partly by a newer one"
+        for _ in range(100):  # the actor's heartbeat counts the update it kept requests through
+            if any(h.stats.get("kept_updates", 0) >= 1 for h in fl.heartbeats):
+                break
+            await asyncio.sleep(0.1)
+        assert any(h.stats.get("kept_updates", 0) >= 1 for h in fl.heartbeats), fl.heartbeats[-1:]
+        g = mixed[0]
+        lp0 = logprobs_under(m0, g)
+        first_new = []
+        for comp_mu, comp_v, ref in zip(g.completion_logprobs(), np.split(g.versions, np.cumsum(g.lengths)[:-1]),
+                                        lp0):
+            old = comp_v == 0
+            # the old weights' tokens: their μ is version 0's log-prob (float rounding only)
+            np.testing.assert_allclose(comp_mu[old], ref[old], atol=2e-3)
+            if (~old).any():
+                first_new.append(abs(comp_mu[~old][0] - ref[~old][0]))
+        assert first_new and np.mean(np.array(first_new) > 2e-3) >= 0.75, first_new  # the label moves exactly there
+    finally:
+        await stop_actor(proc, fl)

@@ -1,0 +1,76 @@
+"""GPU placement of a one-host job (`config/placement.py`): each role's GPUs, double booking and too few
+GPUs refused with the fields named, and the CUDA_VISIBLE_DEVICES each role is started with."""
+
+import pytest
+
+from config.loader import ConfigError, load_config
+from config.placement import Placement, place, visible_env
+
+
+def cfg(**over):
+    return load_config("tiny-cpu", {"learner.device": "cuda", **over})
+
+
+def test_defaults_put_the_learner_first_and_one_actor_per_gpu_after_it():
+    assert place(cfg(**{"actor.num_actors": 3}), 4) == Placement([0], [[1], [2], [3]])
+    assert place(cfg(**{"actor.num_actors": 2}), 4) == Placement([0], [[1], [2]])  # GPU 3 left free
+    assert place(cfg(**{"learner.device": "cuda:1"}), 2) == Placement([1], [[0]])
+    assert place(cfg(**{"learner.device": "cpu", "actor.num_actors": 2}), 2) == Placement([], [[0], [1]])
+
+
+def test_learner_ranks_and_tensor_parallel_actors_take_consecutive_gpus():
+    c = cfg(**{"learner.devices": 2, "learner.backend": "deepspeed", "actor.num_actors": 2,
+               "actor.tensor_parallel_size": 2})
+    assert place(c, 6) == Placement([0, 1], [[2, 3], [4, 5]])
+    c = cfg(**{"learner.gpus": [3], "actor.gpus": [0, 1, 2], "actor.num_actors": 3})
+    assert place(c, 4) == Placement([3], [[0], [1], [2]])
+
+
+def test_too_few_gpus_fail_at_launch_naming_the_fields():
+    with pytest.raises(ValueError, match=r"too few GPUs.*actor.num_actors \(4\).*shows 4"):
+        place(cfg(**{"actor.num_actors": 4}), 4)
+    with pytest.raises(ValueError, match=r"learner.device = 'cuda' but this host shows no GPU"):
+        place(cfg(), 0)
+    with pytest.raises(ValueError, match=r"actor.gpus names GPU 5: this host shows 4"):
+        place(cfg(**{"actor.gpus": [5]}), 4)
+    with pytest.raises(ValueError, match=r"learner's GPU 2 .*shows 2"):
+        place(cfg(**{"learner.device": "cuda:2"}), 2)
+    with pytest.raises(ValueError, match=r"booked twice: the learner's"):
+        place(cfg(**{"learner.device": "cuda:1", "actor.gpus": [1]}), 2)
+
+
+def test_no_gpu_places_nothing_and_the_cpu_job_runs_as_it_is():
+    assert place(load_config("tiny-cpu", {}), 0) == Placement()
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"learner.gpus": [0], "actor.gpus": [0]}, r"GPU 0 is booked twice: in learner.gpus \[0\] and in actor.gpus \[0\]"),
+    ({"actor.gpus": [1, 1], "actor.num_actors": 2}, r"actor.gpus \[1, 1\] books GPU 1 twice"),
+    ({"learner.gpus": [0, 1]}, r"learner.gpus \[0, 1\] lists 2 GPU\(s\) for learner.devices = 1"),
+    ({"actor.gpus": [1, 2]}, r"actor.gpus \[1, 2\] lists 2 GPU\(s\); actor.num_actors \(1\)"),
+    ({"learner.device": "cpu", "learner.gpus": [0]}, r"learner.gpus \[0\] is set but learner.device = 'cpu'"),
+    ({"learner.device": "cuda:1", "learner.gpus": [1]}, r"both choose the learner's GPU"),
+])
+def test_double_booking_and_miscounts_fail_at_load(over, match):
+    with pytest.raises(ConfigError, match=match):
+        cfg(**over)
+
+
+def test_each_role_sees_only_its_gpus_through_the_launchers_own_view():
+    assert visible_env([0, 2], None) == "0,2"
+    assert visible_env([1, 2], "4,6,7") == "6,7"  # the launcher itself sees physical GPUs 4, 6, 7
+
+
+def test_the_launcher_starts_each_role_with_its_gpus_and_records_the_placement(tmp_path, monkeypatch):
+    from cli.launcher import Launcher
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    la = Launcher(cfg(**{"actor.num_actors": 2, "learner.device": "cuda:2", "run.run_dir": str(tmp_path)}),
+                  quiet=True, gpus=3)
+    assert [la.gpu_env(n) for n in ("learner", "actor-0", "actor-1")] == [
+        {"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    # the learner sees its one GPU as cuda:0: the config the roles load says so, and where each role is
+    assert (la.cfg.learner.device, la.cfg.learner.gpus, la.cfg.actor.gpus) == ("cuda", [2], [0, 1])
+    with pytest.raises(ConfigError, match="GPU placement: too few GPUs"):
+        Launcher(cfg(**{"actor.num_actors": 3}), quiet=True, gpus=3)
+    assert Launcher(load_config("tiny-cpu", {}), quiet=True, gpus=0).gpu_env("actor-0") == {}
