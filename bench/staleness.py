@@ -39,7 +39,11 @@ def one(value: int, steps: int, seed: int) -> dict:
             if k.startswith("staleness_") and k[len("staleness_"):].isdigit():
                 hist[int(k[len("staleness_"):])] = hist.get(int(k[len("staleness_"):]), 0.0) + v
     total = sum(hist.values()) or 1.0
-    return {"max_staleness": value, "steps": len(m), "generated": sum(r["generated"] for r in m),
+    from fleet.calibration import calibrate
+
+    n, credits = 16, 2 * o["actor.prompts_per_request"]
+    cal = calibrate(m, m[-1].get("actor_idle_s", 0.0), n=n, seqs_in_flight=n * credits)
+    return {"calibration": cal, "max_staleness": value, "steps": len(m), "generated": sum(r["generated"] for r in m),
             "samples_per_s": sum(r["generated"] for r in m) / loop, "loop_s": loop,
             "idle_share": m[-1].get("actor_idle_s", 0.0) / loop,
             "wait_share": sum(r["wait_s"] for r in m) / loop,
@@ -74,6 +78,14 @@ def main() -> None:
     path = write_json("staleness", {"steps": args.steps, "seed": args.seed, "rows": rows})
     _plot(rows, path.with_suffix(".png"))
     print(f"\nwrote {path}")
+    on_policy = [r for r in rows if r["max_staleness"] == 0]
+    if on_policy:  # the fleet simulator's rates: this machine's, from the on-policy run (bench/fleet.py)
+        from bench.common import stamp
+        from fleet.calibration import DEFAULT, save
+
+        save({**on_policy[0]["calibration"], "prompts_per_step": 8, "prompts_per_request": 8, "steps": args.steps},
+             stamp())
+        print(f"wrote {DEFAULT}")
 
 
 def _plot(rows, out) -> None:

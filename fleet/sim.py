@@ -99,6 +99,10 @@ class Result:
     staleness_hist: dict[str, float]
     lag_mean: float
     """Mean learner version − actor version when a group starts (how far behind generation runs)."""
+    learner_train_share: float
+    """Share of the time the learner trained."""
+    learner_sync_share: float
+    """Share of the time the learner spent on weight updates (waiting for members to drain, sending)."""
     steps: int
     sim_s: float
     failures: int
@@ -146,7 +150,6 @@ class _Actor:
 
 
 class Sim:
-    POLL_S = 0.1  # an actor that got nothing asks again after this
     STALL_S = 36_000.0  # no step for this long (simulated): the model is stuck, which is an error
 
     def __init__(self, fleet: Fleet):
@@ -172,6 +175,9 @@ class Sim:
         self.lags: list[int] = []
         self.failures = 0
         self.received = 0  # groups received since the last step (the keep-rate estimate)
+        self.hungry: set[int] = set()  # actors that asked and got nothing
+        self.train_total = self.sync_total = 0.0
+        self._phase_start = 0.0
         self._sending = False
 
     # ------------------------------------------------------------------ the event queue
@@ -190,9 +196,9 @@ class Sim:
             if self.version != progress[0]:
                 progress = (self.version, self.now)
             elif self.now - progress[1] > self.STALL_S:
-                raise RuntimeError(f"the simulated job stalled at step {self.version} (no step for {self.STALL_S:.0f} "
-                                   f"simulated s): kept {len(self.kept)}, pending {len(self.dispatcher.pending)}, "
-                                   f"actors {[(a.version, a.up, len(a.inflight)) for a in self.actors]}")
+                self._stalled(f"no step for {self.STALL_S:.0f} simulated s")
+        if self.version < self.f.steps:
+            self._stalled("nothing left to happen")
         for a in self.actors:
             self._busy(a)
         total = max(self.now, 1e-9)
@@ -203,8 +209,14 @@ class Sim:
             actor_idle_share=sum(a.idle_s for a in self.actors) / (total * len(self.actors)),
             staleness_mean=sum(k * v for k, v in self.staleness.items()) / hist_n,
             staleness_hist={str(k): v / hist_n for k, v in sorted(self.staleness.items())},
-            lag_mean=float(np.mean(self.lags)) if self.lags else 0.0, steps=self.version, sim_s=self.now,
+            lag_mean=float(np.mean(self.lags)) if self.lags else 0.0, learner_train_share=self.train_total / total,
+            learner_sync_share=self.sync_total / total, steps=self.version, sim_s=self.now,
             failures=self.failures)
+
+    def _stalled(self, why: str) -> None:
+        raise RuntimeError(f"the simulated job stalled at step {self.version} ({why}): kept {len(self.kept)}, "
+                           f"pending {len(self.dispatcher.pending)}, actors "
+                           f"{[(a.version, a.up, len(a.inflight)) for a in self.actors]}")
 
     # ------------------------------------------------------------------ actors
     def _busy(self, a: _Actor) -> None:
@@ -230,9 +242,15 @@ class Sim:
                                       settled=len(self.settled))
         for item in items:
             self._start(i, item.prompt_id)
-        if not items:
+        if not items:  # asked again when the learner's bounds move (a step, prompts back in the queue)
             a.waiting = True
-            self.at(self.now + self.POLL_S, self.request, i)
+            self.hungry.add(i)
+
+    def _wake(self) -> None:
+        """Grants may be possible again: every actor that got nothing asks again (the real ones poll)."""
+        hungry, self.hungry = self.hungry, set()
+        for i in sorted(hungry):
+            self.at(self.now, self.request, i)
 
     def _lengths(self) -> list[int]:
         f = self.f
@@ -287,6 +305,7 @@ class Sim:
         a.inflight.clear()
         self._maybe_idle(a)
         self.dispatcher.retire(str(i))
+        self._wake()
         if self.updating:
             self.ready.discard(i)
             self._maybe_transfer()
@@ -315,8 +334,10 @@ class Sim:
         self.received += 1
         if not kept:
             self.settled.append(g.pid)
+            self._wake()  # no longer in play: the freshness bound has room again
         elif not self.admission.admit(g, self.version):
             d.give_back([g.pid])
+            self._wake()
         else:
             self.kept.append(g)
         self._try_train()
@@ -349,10 +370,14 @@ class Sim:
         self.trained += sum(g.n for g in keep)
         consumed = [g.pid for g in keep] + self.settled
         self.settled = []
+        self.train_total += s
         self.at(self.now + s, self.trained_step, consumed)
+        self._wake()  # room in the batcher again
 
     def trained_step(self, consumed: list[int]) -> None:
+        self._phase_start = self.now
         self.dispatcher.commit(consumed)
+        self._wake()
         self.training, self.updating = False, True
         self.version += 1
         self.ready = set()
@@ -365,6 +390,7 @@ class Sim:
                          if self.version - g.policy_version > self.f.max_staleness]
                 for gid in stale:
                     self.dispatcher.give_back([a.inflight.pop(gid)[1].pid])
+                    self._wake()
                 self._maybe_idle(a)
             if self.f.in_flight == "keep" or not a.inflight:
                 self._member_ready(i)
@@ -387,6 +413,7 @@ class Sim:
         self._sending = False
         self.updating = False
         self._wait_since = self.now
+        self.sync_total += self.now - self._phase_start
         for i in members:
             a = self.actors[i]
             if not a.up:

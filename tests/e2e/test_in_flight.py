@@ -35,6 +35,19 @@ def logprobs_under(model, g) -> list[np.ndarray]:
     return [lp[i][b.mask[i]].numpy() for i in range(len(comps))]
 
 
+async def push_until_mixed(fl: FakeLearner, model_dir: str, base: int, tries: int = 3, device: str = "cpu"):
+    """Push versions base+1, base+2, … (perturbed weights) while the actor generates, until a group arrives
+    sampled partly by version `base` and partly by a newer one; returns such groups."""
+    for v in range(base + 1, base + 1 + tries):  # the actor keeps several requests going
+        fl.model = perturbed(model_dir, v).to(device)
+        await fl.push_weights(["a0"], version=v)
+        got = await fl.wait_groups(1, timeout_s=120, where=lambda g: g.versions.size and g.versions.max() > 0)
+        mixed = [g for g in got if g.policy_version == base and g.versions.min() == 0]
+        if mixed:
+            return mixed
+    raise AssertionError(f"no group was sampled partly by version {base} and partly by a newer one")
+
+
 async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -45,15 +58,7 @@ async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir
     proc = start_actor(cfg, tmp_path, fl.work_url, "a0")
     try:
         await fl.wait_groups(2, timeout_s=240)  # generating under the disk weights (version 0)
-        mixed = []
-        for v in range(1, 4):  # an update lands while requests are in flight (the actor keeps 4 going)
-            fl.model = perturbed(tiny_model_dir, v)
-            await fl.push_weights(["a0"], version=v)
-            got = await fl.wait_groups(1, timeout_s=120, where=lambda g: g.versions.size and g.versions.max() > 0)
-            mixed = [g for g in got if g.policy_version == 0 and g.versions.min() == 0]
-            if mixed:
-                break
-        assert mixed, "no group was sampled partly by version 0 and partly by a newer one"
+        mixed = await push_until_mixed(fl, tiny_model_dir, base=0)
         for _ in range(100):  # the actor's heartbeat counts the update it kept requests through
             if any(h.stats.get("kept_updates", 0) >= 1 for h in fl.heartbeats):
                 break

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.e2e.test_actor import actor_cfg, start_actor, stop_actor
-from tests.e2e.test_in_flight import logprobs_under, perturbed
+from tests.e2e.test_in_flight import logprobs_under, perturbed, push_until_mixed
 from tests.support.fake_learner import FakeLearner
 
 
@@ -27,15 +27,7 @@ async def test_nccl_update_into_a_keep_paused_engine_labels_every_token(tiny_mod
     try:
         await fl.push_weights(["a0"], version=1)
         await fl.wait_groups(2, timeout_s=300, where=lambda g: g.policy_version == 1)
-        mixed = []
-        for v in range(2, 6):
-            fl.model = perturbed(tiny_model_dir, v).to("cuda:1")
-            await fl.push_weights(["a0"], version=v)
-            got = await fl.wait_groups(1, timeout_s=120, where=lambda g: g.versions.size and g.versions.max() > 0)
-            mixed = [g for g in got if g.policy_version == 1 and g.versions.min() == 0]
-            if mixed:
-                break
-        assert mixed, "no group was sampled partly by version 1 and partly by a newer one"
+        mixed = await push_until_mixed(fl, tiny_model_dir, base=1, tries=4, device="cuda:1")
         g = mixed[0]
         lp1 = logprobs_under(m0.to("cpu"), g)
         for mu, vs, ref in zip(g.completion_logprobs(), np.split(g.versions, np.cumsum(g.lengths)[:-1]), lp1):

@@ -1,0 +1,135 @@
+"""The fleet simulator against what we measured, then the fleet we cannot run.
+
+    python -m bench.fleet [--seeds 5]
+
+1. Validation: `bench.staleness` measured the default job (1 actor, tiny model, 2 CPU cores) at
+   K = 0, 1, 2, 4, 8 and wrote the simulator's rates from its K = 0 run
+   (`bench/results/fleet_calibration.json`). The simulator predicts every K from those rates alone;
+   the table sets predicted samples/s, learner waiting share and mean staleness beside the measured ones.
+   The two roles share 2 cores there (`host_cores` = 2: vLLM's CPU engine runs 1 torch thread per
+   worker plus its engine core, the learner 2 threads).
+2. Scaling: the 1.5B job on 4 to 1,024 GPUs (a quarter of them learner GPUs, the rest one actor each) for
+   ProRL's shape (N = 16, B = 512 prompts) and BroRL's (N = 512, B = 128), K = 1, completions log-normal
+   around 2,048 tokens (σ 0.8, cap 16,384), with rates from our GPU benchmarks: an actor's decode rate
+   from `bench/results/actor_h200.json` (1.5B, H200, with log-probs), the learner's tokens/s per GPU from
+   `learner_gpu.json` (H100), the weight update from `weight_sync_nccl.json` (1.5B over NCCL). Reports
+   samples/s, mean staleness, and the learner's training and weight-update shares (where they approach 1,
+   the learner or the sync is the bottleneck).
+Writes bench/results/fleet.json and fleet.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from fleet.calibration import DEFAULT, fleet_from, gpu_rates, load
+from fleet.sim import Fleet, simulate
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def validate(seeds: int) -> list[dict]:
+    measured = json.loads((RESULTS / "staleness.json").read_text())["rows"]
+    cal = load(DEFAULT)
+    rates = {**cal["rates"], "host_cores": 2.0, "actor_cores": 1.5, "learner_cores": 2.0}
+    cal = {**cal, "rates": rates}
+    rows = []
+    for m in measured:
+        k = m["max_staleness"]
+        runs = [simulate(fleet_from(cal, actors=1, prompts_per_step=cal["prompts_per_step"],
+                                    prompts_per_request=cal["prompts_per_request"], max_staleness=k,
+                                    steps=cal["steps"], seed=s)) for s in range(seeds)]
+        pred = {"samples_per_s": statistics.mean(r.samples_per_s for r in runs),
+                "wait_share": statistics.mean(r.learner_wait_share for r in runs),
+                "staleness_mean": statistics.mean(r.staleness_mean for r in runs)}
+        row = {"max_staleness": k}
+        for key in pred:
+            row[f"{key}_measured"], row[f"{key}_predicted"] = m[key], pred[key]
+            row[f"{key}_error"] = (pred[key] - m[key]) / m[key] if m[key] else pred[key]
+        rows.append(row)
+    return rows
+
+
+def scaling(seeds: int) -> list[dict]:
+    rates = gpu_rates()
+    rows = []
+    for shape, n, b in (("ProRL N=16", 16, 512), ("BroRL N=512", 512, 128)):
+        for gpus in (4, 16, 64, 256, 1024):
+            learner_gpus = max(1, gpus // 4)
+            runs = [simulate(Fleet(actors=gpus - learner_gpus, learner_gpus=learner_gpus, n=n, prompts_per_step=b,
+                                   prompts_per_request=max(1, 512 // n), max_staleness=1, mean_tokens=2048,
+                                   length_sigma=0.8, max_tokens=16384, keep_rate=0.5 if n == 16 else 0.62,
+                                   in_flight="keep", steps=12, seed=s, rates=rates)) for s in range(seeds)]
+            rows.append({"shape": shape, "gpus": gpus, "learner_gpus": learner_gpus,
+                         **{k: statistics.mean(getattr(r, k) for r in runs) for k in (
+                             "samples_per_s", "staleness_mean", "learner_wait_share", "learner_train_share",
+                             "learner_sync_share", "actor_idle_share")}})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=5)
+    args = ap.parse_args()
+    from bench.common import stamp, table, write_json
+
+    val = validate(args.seeds)
+    print("validation: the simulator (rates from the K = 0 run) against bench.staleness (2 CPU cores)")
+    print(table(val, ["max_staleness", "samples_per_s_measured", "samples_per_s_predicted", "samples_per_s_error",
+                      "wait_share_measured", "wait_share_predicted", "staleness_mean_measured",
+                      "staleness_mean_predicted"]))
+    sc = scaling(max(1, args.seeds // 2))
+    print("\nscaling: 1.5B on GPUs (a quarter learner GPUs), K = 1, in-flight updates kept")
+    print(table(sc, ["shape", "gpus", "samples_per_s", "staleness_mean", "learner_wait_share",
+                     "learner_train_share", "learner_sync_share", "actor_idle_share"]))
+    path = write_json("fleet", {"validation": val, "scaling": sc, "calibration": load(DEFAULT),
+                                "gpu_rates": vars(gpu_rates()), "simulated_on": stamp()})
+    _plot(val, sc, path.with_suffix(".png"))
+    print(f"\nwrote {path}")
+
+
+def _plot(val, sc, out) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    ks = [r["max_staleness"] for r in val]
+    for key, ax, label in (("samples_per_s", axes[0], "generated samples/s"),
+                           ("staleness_mean", axes[0].twinx(), "mean staleness")):
+        ax.plot(ks, [r[f"{key}_measured"] for r in val], "o-" if key == "samples_per_s" else "s-",
+                color="C0" if key == "samples_per_s" else "C3", label=f"{label}, measured")
+        ax.plot(ks, [r[f"{key}_predicted"] for r in val], "o--" if key == "samples_per_s" else "s--",
+                color="C0" if key == "samples_per_s" else "C3", alpha=0.6, label=f"{label}, simulated")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7, loc="lower right" if key == "samples_per_s" else "center right")
+    axes[0].set_xlabel("max_staleness K")
+    axes[0].set_title("validation: 2 CPU cores, tiny model")
+    for shape, style in (("ProRL N=16", "o-"), ("BroRL N=512", "s-")):
+        rows = [r for r in sc if r["shape"] == shape]
+        g = [r["gpus"] for r in rows]
+        axes[1].plot(g, [r["samples_per_s"] for r in rows], style, label=shape)
+        axes[2].plot(g, [r["learner_train_share"] for r in rows], style, label=f"{shape}: learner training")
+        axes[2].plot(g, [r["learner_sync_share"] for r in rows], style.replace("-", "--"),
+                     label=f"{shape}: weight updates")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("GPUs (¼ learner)")
+    axes[1].set_ylabel("samples/s")
+    axes[1].set_title("1.5B, K = 1, simulated")
+    axes[1].legend(fontsize=7)
+    axes[2].set_xscale("log", base=2)
+    axes[2].set_xlabel("GPUs")
+    axes[2].set_ylabel("share of the learner's time")
+    axes[2].set_title("where the learner's time goes")
+    axes[2].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

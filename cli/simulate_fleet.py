@@ -1,0 +1,118 @@
+"""`brorl simulate-fleet`: predict a job's throughput, staleness and idle time on a fleet (fleet/sim.py).
+
+    brorl simulate-fleet --actors 48 --learner-gpus 16 --n 512 --prompts-per-step 128 --max-staleness 0,1,2
+
+Every flag that takes a comma-separated list makes a grid (one simulation per combination). Component
+costs come from `--calibration` (default: the rates our benchmarks measured on this kind of machine,
+`bench/results/fleet_calibration.json`; `gpu-1.5b` for the 1.5B rates of our GPU benchmarks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+TAKES_OVERRIDES = False
+GRID = {"actors": int, "learner_gpus": int, "n": int, "prompts_per_step": int, "max_staleness": int,
+        "in_flight": str, "mean_tokens": float, "length_sigma": float}
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("simulate-fleet", help="predict throughput, staleness and idle time of a fleet")
+    p.add_argument("--actors", default="4", help="actor engines (comma-separated: a grid)")
+    p.add_argument("--learner-gpus", default="1", help="learner GPUs")
+    p.add_argument("--n", default="16", help="N, completions per prompt")
+    p.add_argument("--prompts-per-step", default="8", help="B, kept groups per step")
+    p.add_argument("--max-staleness", default="1", help="K")
+    p.add_argument("--in-flight", default="finish", help="finish or keep (actor.in_flight_on_update)")
+    p.add_argument("--mean-tokens", default="256", help="median completion length")
+    p.add_argument("--length-sigma", default="0.0", help="log-σ of completion lengths (0: all the median)")
+    p.add_argument("--max-tokens", type=int, default=0, help="cap of a completion (0: none)")
+    p.add_argument("--prompts-per-request", type=int, default=2)
+    p.add_argument("--keep-rate", type=float, default=None, help="dynamic-sampling keep rate (default: calibration's)")
+    p.add_argument("--mtbf-s", type=float, default=float("inf"), help="mean seconds between an actor's failures")
+    p.add_argument("--restart-s", type=float, default=30.0)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seeds", type=int, default=3, help="simulations averaged per grid point")
+    p.add_argument("--calibration", default=None, help="rates JSON, or gpu-1.5b")
+    p.add_argument("--out", default="runs/simulate-fleet", help="folder for fleet.json")
+    return p
+
+
+def _values(name: str, raw: str) -> list:
+    try:
+        return [GRID[name](x) for x in raw.split(",")]
+    except ValueError:
+        raise SystemExit(f"brorl simulate-fleet: --{name.replace('_', '-')} must be comma-separated "
+                         f"{GRID[name].__name__} values, got {raw!r}") from None
+
+
+def rates_and_shape(spec: str | None):
+    """(Rates, keep rate) from `--calibration`."""
+    from fleet.calibration import DEFAULT, load
+    from fleet.sim import Rates
+
+    if spec == "gpu-1.5b":
+        from fleet.calibration import gpu_rates
+
+        return gpu_rates(), 0.5
+    path = Path(spec) if spec else DEFAULT
+    if not path.exists():
+        if spec:
+            raise SystemExit(f"brorl simulate-fleet: --calibration {spec}: no such file")
+        print(f"brorl simulate-fleet: no {path} (run `python -m bench.staleness`): the simulator's default rates")
+        return Rates(), 0.6
+    cal = load(path)
+    return Rates(**cal["rates"]), cal["keep_rate"]
+
+
+def main(args: argparse.Namespace, overrides: list[str]) -> int:
+    import statistics
+
+    from fleet.sim import Fleet, simulate
+
+    if not set(args.in_flight.split(",")) <= {"finish", "keep"}:
+        raise SystemExit(f"brorl simulate-fleet: --in-flight must be finish or keep, got {args.in_flight!r}")
+    rates, keep_rate = rates_and_shape(args.calibration)
+    grid = {name: _values(name, getattr(args, name)) for name in GRID}
+    rows = []
+    for combo in itertools.product(*grid.values()):
+        point = dict(zip(grid, combo))
+        runs = [simulate(Fleet(**point, max_tokens=args.max_tokens, prompts_per_request=args.prompts_per_request,
+                               keep_rate=args.keep_rate if args.keep_rate is not None else keep_rate,
+                               mtbf_s=args.mtbf_s, restart_s=args.restart_s, steps=args.steps, seed=s, rates=rates))
+                for s in range(args.seeds)]
+        res = {k: statistics.mean(getattr(r, k) for r in runs) for k in (
+            "samples_per_s", "learner_wait_share", "actor_idle_share", "staleness_mean", "lag_mean",
+            "learner_train_share", "learner_sync_share")}
+        rows.append({**point, **res, "bottleneck": bottleneck(res)})
+    cols = [k for k in grid if len(grid[k]) > 1] or ["actors"]
+    print(_table(rows, cols + ["samples_per_s", "staleness_mean", "learner_wait_share", "actor_idle_share",
+                               "learner_train_share", "learner_sync_share", "bottleneck"]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fleet.json").write_text(json.dumps({"rates": vars(rates), "rows": rows}, indent=2) + "\n")
+    print(f"wrote {out / 'fleet.json'}")
+    return 0
+
+
+def bottleneck(r: dict) -> str:
+    """What limits the simulated job, by where the time goes."""
+    if r["learner_sync_share"] > 0.3:
+        return "weight updates (drain + send)"
+    if r["learner_train_share"] > 0.7:
+        return "learner"
+    if r["actor_idle_share"] > 0.5:
+        return "grants (freshness bound)"
+    return "generation"
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(v):
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+    widths = [max(len(c), *(len(fmt(r[c])) for r in rows)) for c in cols]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(fmt(r[c]).rjust(w) for c, w in zip(cols, widths)) for r in rows]
+    return "\n".join(lines)

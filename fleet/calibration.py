@@ -1,0 +1,77 @@
+"""The simulator's component costs from what our benchmarks measured.
+
+`bench.staleness` writes `bench/results/fleet_calibration.json` from its on-policy run (K = 0): the job's
+own per-step metrics give the learner's time per trained token (a least-squares line over the steps),
+the weight update's cost (the fastest step's broadcast: nothing in flight to wait for), the actor
+engine's tokens/s while it had work, the mean completion length and the dynamic-sampling keep rate.
+The runs with K > 0 are then predictions, compared with what was measured (`python -m bench.fleet`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import numpy as np
+
+from fleet.sim import Fleet, Rates
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+DEFAULT = RESULTS / "fleet_calibration.json"
+
+
+def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: int, gen_half_seqs: float = 16.0) -> dict:
+    """Rates and job shape from one run's per-step metrics (`metrics.jsonl` rows, start-up excluded by the
+    caller) and its actor's total idle seconds."""
+    train_s = np.array([r["train_s"] for r in metrics])
+    tokens = np.array([r["train_tokens"] for r in metrics], float)
+    slope, fixed = np.polyfit(tokens, train_s, 1) if np.ptp(tokens) > 0 else (train_s.mean() / tokens.mean(), 0.0)
+    loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in metrics)
+    generated_tokens = sum(r["tokens"] for r in metrics)
+    busy = max(loop - actor_idle_s, 1e-9)
+    rate = generated_tokens / busy  # tokens/s of the engine while it had work
+    received = sum(r["groups_received"] for r in metrics)
+    return {
+        "rates": asdict(Rates(
+            gen_tokens_per_s=rate * (seqs_in_flight + gen_half_seqs) / seqs_in_flight, gen_half_seqs=gen_half_seqs,
+            train_s_per_token=max(float(slope), 0.0), train_s_fixed=max(float(fixed), 0.0),
+            sync_s_fixed=float(min(r["broadcast_s"] for r in metrics)), load_s=0.0)),
+        "mean_tokens": generated_tokens / max(sum(r["generated"] for r in metrics), 1),
+        "keep_rate": sum(r["groups_kept"] for r in metrics) / max(received, 1),
+        "n": n,
+    }
+
+
+def save(cal: dict, stamp: dict, path: Path = DEFAULT) -> None:
+    path.write_text(json.dumps({"stamp": stamp, **cal}, indent=2) + "\n")
+
+
+def load(path: Path | str = DEFAULT) -> dict:
+    data = json.loads(Path(path).read_text())
+    known = {f.name for f in fields(Rates)}
+    unknown = set(data["rates"]) - known
+    if unknown:
+        raise ValueError(f"{path}: unknown rate(s) {sorted(unknown)}; known: {sorted(known)}")
+    return data
+
+
+def fleet_from(cal: dict, **over) -> Fleet:
+    """A `Fleet` with the calibration's rates and job shape (mean length, keep rate, N), then `over`."""
+    base = {"rates": Rates(**cal["rates"]), "mean_tokens": cal["mean_tokens"], "keep_rate": cal["keep_rate"],
+            "n": cal["n"]}
+    return Fleet(**{**base, **over})
+
+
+def gpu_rates() -> Rates:
+    """A 1.5B model's component costs, from our GPU benchmarks' result files: an actor's decode rate with
+    log-probs (`actor_h200.json`, H200), the learner's tokens/s on one GPU (`learner_gpu.json`, H100) and
+    the weight update over NCCL (`weight_sync_nccl.json`, 1.5B)."""
+    actor = max((r for r in json.loads((RESULTS / "actor_h200.json").read_text())["rows"] if r["logprobs"]),
+                key=lambda r: r["tokens_per_s"])
+    learner = json.loads((RESULTS / "learner_gpu.json").read_text())["mfu"][0]
+    sync = [r for r in json.loads((RESULTS / "weight_sync_nccl.json").read_text())["rows"]
+            if r["params"] == 1_500_000_000][0]
+    return Rates(gen_tokens_per_s=actor["tokens_per_s"] * 1.25, gen_half_seqs=128.0,  # R(512 seqs) = measured
+                 train_s_per_token=1.0 / learner["tokens_per_s"], train_s_fixed=0.5,
+                 sync_s_fixed=sync["total_s"], sync_s_per_member=0.001, load_s=sync["total_s"])
