@@ -9,8 +9,10 @@ learner's loop time (waiting + training + broadcasting; start-up and evaluation 
 of that time the actor's engine had no request (loading weights, gated by the bound, or granted nothing
 because the learner's freshness bound was reached — the actor's heartbeat `idle_s`), the share the
 learner waited for data, the staleness histogram of trained groups, the mismatch KL,
-the truncated-IS clip fraction, and held-out pass@1 at the end (64 prompts × 16 samples).
-Writes bench/results/staleness.json and .png.
+the truncated-IS clip fraction, and held-out pass@1 at the end (64 prompts × 16 samples); and the same
+throughput, waiting and idle shares in steady state (the first `WARM` steps, which wait for the engine's
+first groups, left out). Writes bench/results/staleness.json and .png, and the fleet simulator's rates
+measured in the K = 0 run's steady state (bench/results/fleet_calibration.json, see bench/fleet.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WARM = 3  # steps left out of the steady-state figures (and of the fleet simulator's calibration)
 
 
 def one(value: int, steps: int, seed: int) -> dict:
@@ -41,9 +44,17 @@ def one(value: int, steps: int, seed: int) -> dict:
     total = sum(hist.values()) or 1.0
     from fleet.calibration import calibrate
 
+    # steady state: from step WARM on (the first steps wait for the engine's first groups)
+    steady, warm_idle = m[WARM:], m[WARM - 1].get("actor_idle_s", 0.0)
+    steady_loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in steady)
+    steady_idle = m[-1].get("actor_idle_s", 0.0) - warm_idle
     n, credits = 16, 2 * o["actor.prompts_per_request"]
-    cal = calibrate(m, m[-1].get("actor_idle_s", 0.0), n=n, seqs_in_flight=n * credits)
-    return {"calibration": cal, "max_staleness": value, "steps": len(m), "generated": sum(r["generated"] for r in m),
+    cal = calibrate(steady, steady_idle, n=n, seqs_in_flight=n * credits)
+    return {"calibration": cal, "max_staleness": value, "steps": len(m),
+            "steady_samples_per_s": sum(r["generated"] for r in steady) / steady_loop,
+            "steady_wait_share": sum(r["wait_s"] for r in steady) / steady_loop,
+            "steady_idle_share": steady_idle / steady_loop,
+            "generated": sum(r["generated"] for r in m),
             "samples_per_s": sum(r["generated"] for r in m) / loop, "loop_s": loop,
             "idle_share": m[-1].get("actor_idle_s", 0.0) / loop,
             "wait_share": sum(r["wait_s"] for r in m) / loop,
@@ -75,6 +86,8 @@ def main() -> None:
     print(f"\nmax_staleness sweep, default job, {args.steps} steps each (same trained samples)")
     print(table(rows, ["max_staleness", "samples_per_s", "idle_share", "wait_share", "staleness_mean",
                        "tis_clip_frac", "mismatch_kl", "pass_at_1_start", "pass_at_1_end"]))
+    print(f"\nsteady state (from step {WARM + 1} on: no engine start-up)")
+    print(table(rows, ["max_staleness", "steady_samples_per_s", "steady_wait_share", "steady_idle_share"]))
     path = write_json("staleness", {"steps": args.steps, "seed": args.seed, "rows": rows})
     _plot(rows, path.with_suffix(".png"))
     print(f"\nwrote {path}")

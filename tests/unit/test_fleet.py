@@ -95,3 +95,16 @@ def test_the_command_runs_a_grid_and_names_bad_input(tmp_path, capsys):
         main(["simulate-fleet", "--actors", "x", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--in-flight must be finish or keep"):
         main(["simulate-fleet", "--in-flight", "later", "--out", str(tmp_path)])
+
+
+def test_gpu_rates_come_from_our_gpu_benchmarks_result_files():
+    import json
+
+    from fleet.calibration import RESULTS, gpu_rates
+
+    r = gpu_rates()
+    learner = json.loads((RESULTS / "learner_gpu.json").read_text())["mfu"][0]["tokens_per_s"]
+    assert r.train_s_per_token == pytest.approx(1 / learner) and r.gen_tokens_per_s > 10_000 and r.sync_s_fixed > 0
+    res = simulate(Fleet(actors=12, learner_gpus=4, n=512, prompts_per_step=16, prompts_per_request=1,
+                         mean_tokens=1024, length_sigma=0.5, max_tokens=4096, in_flight="keep", steps=4, rates=r))
+    assert res.steps == 4 and res.samples_per_s > 0
