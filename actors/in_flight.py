@@ -29,16 +29,22 @@ log = logging.getLogger("brorl.actor")
 _CHILD = re.compile(r"^(\d+)_(.+)$")  # vLLM's id of completion i of a request with n > 1: "<i>_<parent id>"
 
 
-def counts_of(rid: str, counts: dict[str, int]) -> dict[int, int]:
-    """Tokens per completion index of our request `rid`, from the engine's request ids (vLLM makes them
-    "<rid>" or "<rid>-<suffix>", and "<i>_<that>" for completion i when n > 1)."""
-    out: dict[int, int] = {}
+def by_request(counts: dict[str, int], rids) -> dict[str, dict[int, int]]:
+    """Tokens per completion index of each of our requests `rids`, from the engine's request ids (vLLM
+    makes them "<rid>" or "<rid>-<suffix>", and "<i>_<that>" for completion i when n > 1). One pass."""
+    out: dict[str, dict[int, int]] = {}
     for key, n in counts.items():
         m = _CHILD.match(key)
         index, base = (int(m.group(1)), m.group(2)) if m else (0, key)
-        if base == rid or base.startswith(rid + "-"):
-            out[index] = n
+        rid = base if base in rids else base.rsplit("-", 1)[0]
+        if rid in rids:
+            out.setdefault(rid, {})[index] = n
     return out
+
+
+def counts_of(rid: str, counts: dict[str, int]) -> dict[int, int]:
+    """`by_request` for one request."""
+    return by_request(counts, {rid}).get(rid, {})
 
 
 class TokenVersions:
@@ -62,8 +68,9 @@ class TokenVersions:
     def mark(self, version: int, counts: dict[str, int]) -> None:
         """Weights of `version` are about to replace the current ones; `counts` from the engine. A completion
         the engine no longer reports keeps its last mark (it finished) or 0 (it has not started)."""
+        mine = by_request(counts, self._marks.keys())
         for rid, marks in self._marks.items():
-            now = counts_of(rid, counts)
+            now = mine.get(rid, {})
             last = marks[-1][1] if marks else {}
             marks.append((version, {i: now.get(i, last.get(i, 0)) for i in set(now) | set(last)}))
 

@@ -6,8 +6,7 @@
    K = 0, 1, 2, 4, 8 and wrote the simulator's rates from its K = 0 run's steady state
    (`bench/results/fleet_calibration.json`). The simulator predicts every K from those rates alone;
    the table sets predicted samples/s, learner waiting share and mean staleness beside the measured
-   steady-state ones (engine start-up is not modelled). The two roles share 2 cores there
-   (`SHARED_HOST`: vLLM's CPU worker computes with 1 torch thread, the learner with 2).
+   steady-state ones (engine start-up is not modelled).
 2. Scaling: the 1.5B job on 4 to 1,024 GPUs (a quarter of them learner GPUs, the rest one actor each) for
    ProRL's shape (N = 16, B = 512 prompts) and BroRL's (N = 512, B = 128), K = 1, completions log-normal
    around 2,048 tokens (σ 0.8, cap 16,384), with rates from our GPU benchmarks: an actor's decode rate
@@ -29,15 +28,11 @@ from fleet.calibration import DEFAULT, fleet_from, gpu_rates, load
 from fleet.sim import Fleet, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# the 2-core machine of bench.staleness: vLLM's CPU worker computes with 1 torch thread, the learner with 2
-SHARED_HOST = {"host_cores": 2.0, "actor_cores": 1.0, "learner_cores": 2.0}
 
 
 def validate(seeds: int) -> list[dict]:
     measured = json.loads((RESULTS / "staleness.json").read_text())["rows"]
     cal = load(DEFAULT)
-    rates = {**cal["rates"], **SHARED_HOST}
-    cal = {**cal, "rates": rates}
     rows = []
     for m in measured:
         k = m["max_staleness"]

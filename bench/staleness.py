@@ -49,7 +49,9 @@ def one(value: int, steps: int, seed: int) -> dict:
     steady_loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in steady)
     steady_idle = m[-1].get("actor_idle_s", 0.0) - warm_idle
     n, credits = 16, 2 * o["actor.prompts_per_request"]
-    cal = calibrate(steady, steady_idle, n=n, seqs_in_flight=n * credits)
+    cal = calibrate(steady, steady_idle, n=n, seqs_in_flight=n * credits,
+                    fit={"actors": 1, "prompts_per_step": 8, "prompts_per_request": o["actor.prompts_per_request"],
+                         "max_staleness": value, "steps": len(steady)}) if value == 0 else None
     return {"calibration": cal, "max_staleness": value, "steps": len(m),
             "steady_samples_per_s": sum(r["generated"] for r in steady) / steady_loop,
             "steady_wait_share": sum(r["wait_s"] for r in steady) / steady_loop,

@@ -1,10 +1,11 @@
 """The simulator's component costs from what our benchmarks measured.
 
-`bench.staleness` writes `bench/results/fleet_calibration.json` from its on-policy run (K = 0): the job's
-own per-step metrics give the learner's time per trained token (a least-squares line over the steps),
-the weight update's cost (the fastest step's broadcast: nothing in flight to wait for), the actor
-engine's tokens/s while it had work, the mean completion length and the dynamic-sampling keep rate.
-The runs with K > 0 are then predictions, compared with what was measured (`python -m bench.fleet`).
+`bench.staleness` writes `bench/results/fleet_calibration.json` from its on-policy run (K = 0), in steady
+state: the job's own per-step metrics give the learner's time per trained token (a least-squares line over
+the steps, or the mean step), the weight update's cost (the fastest step's broadcast: nothing in flight to
+wait for), the mean completion length and the dynamic-sampling keep rate; the actor engine's rate is its
+tokens/s while it had work, scaled until the simulated run gives the measured samples/s (one fitted
+number). The runs with K > 0 are then predictions, compared with what was measured (`python -m bench.fleet`).
 """
 
 from __future__ import annotations
@@ -21,18 +22,23 @@ RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 DEFAULT = RESULTS / "fleet_calibration.json"
 
 
-def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: int, gen_half_seqs: float = 16.0) -> dict:
+def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: int, gen_half_seqs: float = 16.0,
+              fit: dict | None = None) -> dict:
     """Rates and job shape from one run's per-step metrics (`metrics.jsonl` rows, start-up excluded by the
-    caller) and its actor's total idle seconds."""
+    caller) and its actor's total idle seconds. With `fit` (the run's `Fleet` settings: actors, B, credits,
+    K), the engine's rate is then scaled until the simulator reproduces the run's samples/s: a group lasts
+    as long as its longest completion, which per-step totals do not show."""
     train_s = np.array([r["train_s"] for r in metrics])
     tokens = np.array([r["train_tokens"] for r in metrics], float)
-    slope, fixed = np.polyfit(tokens, train_s, 1) if np.ptp(tokens) > 0 else (train_s.mean() / tokens.mean(), 0.0)
+    slope, fixed = np.polyfit(tokens, train_s, 1) if np.ptp(tokens) > 0 else (0.0, train_s.mean())
+    if slope <= 0 or fixed < 0:  # too little spread in step sizes to tell the two apart: the mean step
+        slope, fixed = 0.0, float(train_s.mean())
     loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in metrics)
     generated_tokens = sum(r["tokens"] for r in metrics)
     busy = max(loop - actor_idle_s, 1e-9)
     rate = generated_tokens / busy  # tokens/s of the engine while it had work
     received = sum(r["groups_received"] for r in metrics)
-    return {
+    cal = {
         "rates": asdict(Rates(
             gen_tokens_per_s=rate * (seqs_in_flight + gen_half_seqs) / seqs_in_flight, gen_half_seqs=gen_half_seqs,
             train_s_per_token=max(float(slope), 0.0), train_s_fixed=max(float(fixed), 0.0),
@@ -40,7 +46,30 @@ def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: 
         "mean_tokens": generated_tokens / max(sum(r["generated"] for r in metrics), 1),
         "keep_rate": sum(r["groups_kept"] for r in metrics) / max(received, 1),
         "n": n,
+        "busy_tokens_per_s": rate,
     }
+    if fit is not None:
+        cal["samples_per_s"] = sum(r["generated"] for r in metrics) / loop
+        cal["rates"]["gen_tokens_per_s"] *= fit_engine_scale(cal, fit)
+    return cal
+
+
+def fit_engine_scale(cal: dict, fit: dict, seeds: int = 4) -> float:
+    """The factor on the engine's rate at which the simulated run gives the measured samples/s (bisection:
+    simulated throughput grows with the engine's rate)."""
+    import statistics
+
+    from fleet.sim import simulate
+
+    def samples_per_s(scale: float) -> float:
+        c = {**cal, "rates": {**cal["rates"], "gen_tokens_per_s": cal["rates"]["gen_tokens_per_s"] * scale}}
+        return statistics.mean(simulate(fleet_from(c, **fit, seed=s)).samples_per_s for s in range(seeds))
+
+    lo, hi = 0.02, 4.0
+    for _ in range(16):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if samples_per_s(mid) > cal["samples_per_s"] else (mid, hi)
+    return (lo + hi) / 2
 
 
 def save(cal: dict, stamp: dict, path: Path = DEFAULT) -> None:

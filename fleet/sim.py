@@ -18,8 +18,6 @@ What is modelled (one event queue, simulated seconds):
   - Failures: each actor fails after an exponential time of mean `mtbf_s`; its prompts go back to the
     queue (`Dispatcher.retire`), it leaves the weight group, and returns `restart_s` later with the
     current weights (one transfer and load).
-  - One shared host (`host_cores` > 0, for validating against our 2-core CPU runs): an actor generating
-    and the learner training share the cores, each slowed by cores / (cores they would use together).
 
 Not modelled: the network (groups arrive when scored), the per-token version mix of kept requests (a
 group's staleness is its start version's), prefill, and speed changes of a running group when other
@@ -62,10 +60,6 @@ class Rates:
     """Added per member of the weight group."""
     load_s: float = 0.02
     """An actor loading the received weights."""
-    host_cores: float = 0.0
-    """> 0: the actors and the learner share one host with this many cores."""
-    actor_cores: float = 2.0
-    learner_cores: float = 2.0
 
 
 @dataclass
@@ -260,22 +254,12 @@ class Sim:
             out.append(max(1, min(f.max_tokens or math.inf, round(x))))
         return out
 
-    def _contention(self, learner_busy: bool, generating: int) -> float:
-        """Speed left to one role on a shared host."""
-        r = self.r
-        if r.host_cores <= 0:
-            return 1.0
-        demand = generating * r.actor_cores + (r.learner_cores if learner_busy else 0.0)
-        return min(1.0, r.host_cores / demand) if demand > 0 else 1.0
-
     def _start(self, i: int, pid: int) -> None:
         a, r = self.actors[i], self.r
         self._busy(a)
         lengths = self._lengths()
         seqs = self.f.n * (len(a.inflight) + 1)
         per_seq = r.gen_tokens_per_s / (seqs + r.gen_half_seqs)  # R(S) / S
-        generating = sum(1 for x in self.actors if x.inflight) + (0 if a.inflight else 1)
-        per_seq *= self._contention(self.training, generating)
         g = _Group(next(self._gid), pid, i, a.version, self.f.n, sum(lengths))
         end = self.now + max(lengths) / per_seq
         a.inflight[g.gid] = [end, g]
@@ -363,8 +347,7 @@ class Sim:
         gpus = max(1, f.learner_gpus)
         speedup = gpus * r.scale_efficiency ** math.log2(gpus)
         tokens = sum(g.n_tokens for g in keep)
-        generating = sum(1 for a in self.actors if a.inflight)
-        s = (tokens * r.train_s_per_token / speedup + r.train_s_fixed) / self._contention(True, generating)
+        s = tokens * r.train_s_per_token / speedup + r.train_s_fixed
         for g in keep:
             self.staleness[self.version - g.policy_version] += g.n
         self.trained += sum(g.n for g in keep)
