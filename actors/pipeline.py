@@ -66,6 +66,7 @@ class GroupPipeline:
         path = self.verifiers.path(item.verifier)
         scored = None if path is None else await self.pool.score(
             path, self.verifiers.get(item.verifier).version, [o.text for o in outs], item.reference)
+        self.stats.score_s += time.monotonic() - t1
         if era != self.era:
             return True  # the learner restarted meanwhile: nobody wants this group any more
         if scored is None or (self.cfg.verifiers.on_error == "drop" and verifier_failed(scored)):

@@ -19,6 +19,9 @@ class ActorStats:
     """Seconds the engine had nothing to do because of weights: loading an update (after in-flight work
     finished) or gated by max_staleness while waiting for the next one."""
     update_s: float = 0.0
+    """Seconds spent receiving and loading weight updates."""
+    score_s: float = 0.0
+    """Seconds groups spent in the verifier pool (overlaps generation: other requests run meanwhile)."""
     kept_updates: int = 0
     """Updates applied with requests kept in flight (`actor.in_flight_on_update = "keep"`)."""
     aborted_stale: int = 0
@@ -34,7 +37,8 @@ class ActorStats:
         return {"samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
                 "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
                 "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s,
-                "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale}
+                "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale,
+                "update_s": self.update_s, "score_s": self.score_s}
 
 
 class EngineLoad:

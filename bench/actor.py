@@ -92,7 +92,8 @@ async def bench(args) -> list[dict]:
     if args.max_num_seqs:
         over["actor.max_num_seqs"] = args.max_num_seqs
     cfg = load_config(args.preset, over)
-    kw = {**engine_kwargs(cfg.model, cfg.actor, seed=0, weight_backend=cfg.transport.weight_backend), **extra}
+    kw = {**engine_kwargs(cfg.model, cfg.actor, seed=0, weight_backend=cfg.transport.weight_backend), **extra,
+          **json.loads(args.engine_kw)}
     vocab = QWEN2_1P5B["vocab_size"] if args.dummy_1p5b else json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
@@ -100,18 +101,17 @@ async def bench(args) -> list[dict]:
     rows = []
     try:
         await run_case(engine, cfg, 16, min(args.total, 64), args.prompt_len, vocab, True, 999)  # warm-up
-        for n in (16, 512):
-            for logprobs in (True, False):
-                runs = []
-                for r in range(args.repeats):
-                    await engine.reset_prefix_cache()  # every repeat starts cold, like fresh prompts
-                    runs.append(await run_case(engine, cfg, n, args.total, args.prompt_len, vocab, logprobs, r))
-                med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
-                rows.append({"N": n, "prompts": args.total // n, "samples": args.total, "logprobs": logprobs,
-                             "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-                             "max_num_seqs": cfg.actor.max_num_seqs, "repeats": args.repeats, **med})
-                print(f"  N={n} logprobs={logprobs}: {med['samples_per_s']:.1f} samples/s, "
-                      f"{med['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+        for n, logprobs in args.case_list:
+            runs = []
+            for r in range(args.repeats):
+                await engine.reset_prefix_cache()  # every repeat starts cold, like fresh prompts
+                runs.append(await run_case(engine, cfg, n, args.total, args.prompt_len, vocab, logprobs, r))
+            med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+            rows.append({"N": n, "prompts": args.total // n, "samples": args.total, "logprobs": logprobs,
+                         "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+                         "max_num_seqs": cfg.actor.max_num_seqs, "repeats": args.repeats, **med})
+            print(f"  N={n} logprobs={logprobs}: {med['samples_per_s']:.1f} samples/s, "
+                  f"{med['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
     finally:
         engine.shutdown()
         engine.shutdown = lambda *a, **k: None  # AsyncLLM.__del__ would shut down again at exit
@@ -130,7 +130,14 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=0, help="override actor.max_num_seqs")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tag", default="", help="suffix of the results file (e.g. h100)")
+    ap.add_argument("--engine-kw", default="{}", help="extra vLLM engine arguments, JSON (experiments)")
+    ap.add_argument("--cases", default="16:on,16:off,512:on,512:off",
+                    help="N:on|off (behaviour log-probs), comma-separated (e.g. 16:on alone, to profile it)")
     args = ap.parse_args()
+    try:
+        args.case_list = [(int(n), {"on": True, "off": False}[lp]) for n, lp in (c.split(":") for c in args.cases.split(","))]
+    except (ValueError, KeyError):
+        ap.error(f"--cases {args.cases!r}: expected N:on or N:off, comma-separated")
     if args.quick:
         args.total, args.repeats = 512, 1
     if args.total % 512:

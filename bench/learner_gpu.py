@@ -1,5 +1,5 @@
 """The learner at the paper's scale, on GPUs: `python -m bench.learner --gpu` (one GPU; the scaling case
-starts 1 and 2 ranks, so it needs 2).
+starts 1, 2 and 4 ranks, as many as there are GPUs).
 
 A locally built Qwen2-1.5B-shaped model (random initialisation, float32 master weights) and synthetic
 groups (random tokens; a third of each group correct), trained with the `brorl-1.5b` preset's learner
@@ -9,11 +9,12 @@ mini-batches) unless a case says otherwise. Each case runs in a fresh process (i
 Cases:
   longest   one group of N = 512 with 8 completions of L tokens and 504 of 256: the longest L that trains
   mfu       learner tokens/s and model FLOPs utilisation at 4,096-token responses (the second step timed),
-            with activation checkpointing (the preset) and without (8,192-token micro-batches)
+            with activation checkpointing (the preset) and without (8,192-token micro-batches), each eager
+            and compiled (`learner.compile`; the third step timed, after two that compile)
   shared    the shared prompt (`learner.share_prompt`) against the unshared step: N = 512 with 2,048-token
             prompts and 1,024-token completions, and the paper's shape (256-token prompts, 4,096-token
             completions, N = 64: the saving per sample does not depend on N once a pass holds a group)
-  scale     ZeRO-2 on 1 and 2 ranks, the same step (8 groups × N = 64, 256 + 1,024 tokens), second step timed
+  scale     ZeRO-2 on 1, 2 and 4 ranks (as many as there are GPUs), the same step (8 groups × N = 64, 256 + 1,024 tokens), second step timed
 
 Model FLOPs of a step: per sample of s = prompt + completion tokens and r response tokens, one forward is
 2·P·s + 2·layers·d·s² (matmuls over the P non-embedding parameters; causal attention) + 2·V·d·r (the LM
@@ -133,7 +134,8 @@ def case(kind: str, p: dict) -> dict:
             return {"L": p["L"], "ok": False, "error": str(e)[:200]}
         return {"L": p["L"], "preset": p.get("preset", "brorl-1.5b"), **r}
     if kind == "mfu":
-        over = {k: v for k, v in p.items() if k in ("activation_checkpointing", "micro_batch_tokens", "share_prompt")}
+        over = {k: v for k, v in p.items()
+                if k in ("activation_checkpointing", "micro_batch_tokens", "share_prompt", "compile")}
         lc = preset_learner(prompts_per_step=p["groups"], **over)
         groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
         return {**p, **run_step(groups, lc, steps=p.get("steps", 1))}
@@ -180,9 +182,11 @@ def main(quick: bool = False, only: str = "") -> None:
     if "longest" in want:
         longest = [one("longest", {"L": L}) for L in ((16_384,) if quick else (8_192, 16_384, 32_768))]
     if "mfu" in want:
-        mfu = [one("mfu", {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2}),
-               one("mfu", {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2,
-                           "activation_checkpointing": False, "micro_batch_tokens": 8192})]
+        shape = {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2}
+        no_ckpt = {"activation_checkpointing": False, "micro_batch_tokens": 8192}
+        mfu = [one("mfu", shape), one("mfu", {**shape, **no_ckpt}),
+               one("mfu", {**shape, "steps": 3, "compile": True}),  # steps 1-2 compile the shapes
+               one("mfu", {**shape, **no_ckpt, "steps": 3, "compile": True})]
     for shape in ({"groups": 1, "n": 512, "prompt": 2048, "completion": 1024},
                   {"groups": 1, "n": 64, "prompt": 256, "completion": 4096}):
         if "shared" not in want:
@@ -201,7 +205,7 @@ def main(quick: bool = False, only: str = "") -> None:
     if "scale" in want and gpus >= 2:
         scale = []
         p = {"groups": 4 if quick else 8, "n": 64, "prompt": 256, "completion": 1024}
-        for w in (1, 2):
+        for w in (w for w in (1, 2, 4) if w <= gpus):
             scale.append(ranks(w, ["--case", f"gpu-scale:{json.dumps(p)}"]))
             print(f"  scale {w} ranks: {scale[-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
         for r in scale:
@@ -210,13 +214,13 @@ def main(quick: bool = False, only: str = "") -> None:
     print("\nLongest response that trains, N = 512 (8 completions of L tokens, 504 of 256), brorl-1.5b settings")
     print(table(longest, ["L", "ok", "seconds", "peak_gib", "tokens_per_s", "micro_batches"]))
     print("\nThroughput and MFU at 4,096-token responses (64 samples, 256-token prompts)")
-    print(table(mfu, ["activation_checkpointing", "micro_batch_tokens", "seconds", "tokens_per_s", "tflops", "mfu",
+    print(table(mfu, ["activation_checkpointing", "micro_batch_tokens", "compile", "seconds", "tokens_per_s", "tflops", "mfu",
                       "peak_gib"]))
     print("\nShared prompt: tokens/s of the whole step, unshared against shared")
     print(table(shared, ["n", "prompt", "completion", "unshared_tok_s", "shared_tok_s", "speedup",
                          "decoder_tokens_ratio"]))
     if scale:
-        print("\nZeRO-2 scaling, the same step on 1 and 2 ranks")
+        print("\nZeRO-2 scaling, the same step on 1, 2 and 4 ranks")
         print(table(scale, ["ranks", "seconds", "tokens_per_s", "speedup", "mfu", "peak_gib"]))
     path = write_json("learner_gpu", {"longest": longest, "mfu": mfu, "shared": shared, "scale": scale,
                                       **({"parts": {**old.get("parts", {}), **{k: stamp() for k in want}}})})
@@ -244,7 +248,8 @@ def _plot(longest, mfu, shared, scale, out, st: dict) -> None:
     axes[1].legend()
     if scale:
         axes[2].plot([r["ranks"] for r in scale], [r["speedup"] for r in scale], "o-", label="measured")
-        axes[2].plot([1, 2], [1, 2], "k:", label="linear")
+        top = max(r["ranks"] for r in scale)
+        axes[2].plot([1, top], [1, top], "k:", label="linear")
         axes[2].set_xlabel("GPUs (ZeRO-2)")
         axes[2].set_ylabel("speed-up")
         axes[2].legend()

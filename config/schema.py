@@ -172,6 +172,12 @@ class LearnerConfig(_Section):
     """Recompute the decoder layers' activations in backward instead of keeping them (less memory, about
     a third more compute)."""
 
+    compile: bool = False
+    """Compile each decoder layer and the log-prob chunk with `torch.compile` (dynamic shapes): the norms,
+    rotary embedding, activation and log-softmax run as fused kernels instead of one pass over memory
+    each. The first steps pay the compilation (each new shape class once). Not with `share_prompt` or
+    ZeRO-3, whose per-layer caches and parameter hooks the compiler would have to trace."""
+
     logprob_chunk_mb: float = Field(256.0, gt=0.0)
     """MiB of float32 logits materialised at once when computing log-probs: response tokens go
     through the LM head in chunks of ⌊budget / (4 · vocabulary)⌋ rows, so peak memory stays flat as
@@ -414,6 +420,9 @@ class BrorlConfig(_Section):
         if act.length_median > act.max_tokens:
             raise ValueError(f"actor.length_median ({act.length_median}) exceeds actor.max_tokens ({act.max_tokens}), "
                              f"the cap of every completion")
+        if lrn.compile and (lrn.share_prompt or (lrn.backend == "deepspeed" and lrn.zero_stage == 3)):
+            raise ValueError("learner.compile works with neither learner.share_prompt nor learner.zero_stage = 3 "
+                             "(the shared prompt's key/value cache and ZeRO-3's parameter hooks are not traced)")
         check_fields(self)  # GPU placement: double booking, counts (the hardware is checked at launch)
         if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
             raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")

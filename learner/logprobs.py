@@ -182,6 +182,17 @@ def _chunk_logp(head: torch.nn.Module, h: torch.Tensor, tgt: torch.Tensor, tempe
     return logp, entropy
 
 
+_compiled_chunk_logp = None
+
+
+def compiled_chunk_logp():
+    """`_chunk_logp` under torch.compile (dynamic shapes: the chunk's row count varies), built once."""
+    global _compiled_chunk_logp
+    if _compiled_chunk_logp is None:
+        _compiled_chunk_logp = torch.compile(_chunk_logp, dynamic=True)
+    return _compiled_chunk_logp
+
+
 def rows_per_chunk(chunk_mb: float, vocab: int) -> int:
     """Rows of float32 logits [rows, vocab] that fit in `chunk_mb` MiB (at least one)."""
     return max(1, int(chunk_mb * 2**20) // (4 * vocab))
@@ -193,13 +204,15 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     chunk_mb: float | None = 256.0,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies of the completion tokens.
 
     Returns (logp float32[S, T], entropy float32[S, T]); both are 0 where `batch.mask` is False.
     `logp` carries gradients to the model; `entropy` is detached (a metric).
     `chunk_mb` bounds the float32 logits held at once; `None` computes all logits at once (the
-    unbounded baseline, for benchmarks).
+    unbounded baseline, for benchmarks). `compiled`: the chunk's head, log-softmax and entropy as fused
+    kernels (`learner.compile`).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -214,11 +227,12 @@ def token_logprobs(
     else:
         chunks = [(i, min(i + chunk_tokens, M)) for i in range(0, M, chunk_tokens)]
     logps, ents = [], []
+    fn = compiled_chunk_logp() if compiled else _chunk_logp
     for a, b in chunks:
         if chunk_tokens is not None and torch.is_grad_enabled() and h.requires_grad:
-            lp, en = checkpoint(_chunk_logp, head, h[a:b], tgt[a:b], temperature, use_reentrant=False)
+            lp, en = checkpoint(fn, head, h[a:b], tgt[a:b], temperature, use_reentrant=False)
         else:
-            lp, en = _chunk_logp(head, h[a:b], tgt[a:b], temperature)
+            lp, en = fn(head, h[a:b], tgt[a:b], temperature)
         logps.append(lp)
         ents.append(en)
     dtype = logps[0].dtype if logps else torch.float32  # float32, or float64 for a float64 model

@@ -175,7 +175,7 @@ class LearnerService:
         report.update({**stats, **self.admission.take_stats(), **self.validator.take_stats(), "version": self.version,
                        "no_progress_warnings": float(self._no_progress),
                        # cumulative over the actors' current runs, from their heartbeats
-                       "actor_idle_s": sum(a.get("idle_s", 0.0) for a in actors),
+                       **{f"actor_{k}": sum(a.get(k, 0.0) for a in actors) for k in ("idle_s", "update_s", "score_s")},
                        "actor_engine_restarts": sum(a.get("engine_restarts", 0) for a in actors)})
 
     async def publish_weights(self) -> None:

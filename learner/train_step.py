@@ -143,6 +143,8 @@ class Trainer:
         self.pad_id = pad_id
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
+        if cfg.compile:
+            compile_layers(model)
         self.backend = backend or make_backend(model, cfg)
         self.ranks = ranks  # rank 0 hands the others their shares through it (else every rank plans alike)
         self.state = StepState()
@@ -190,8 +192,8 @@ class Trainer:
     def _logp(self, model: torch.nn.Module, packed, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.set_grad_enabled(grad), self._autocast():
             return token_logprobs(
-                model, packed, temperature=self.temperature, chunk_mb=self.cfg.logprob_chunk_mb
-            )
+                model, packed, temperature=self.temperature, chunk_mb=self.cfg.logprob_chunk_mb,
+                compiled=self.cfg.compile)
 
     def step(self, groups: list[TrainGroup]) -> dict[str, float]:
         """One training step on `groups` (rank 0, or the only process): plan it, hand every rank its share,
@@ -387,6 +389,16 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
                          f"({p}) would make the policy random: set the model's dropout to 0")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
+
+
+def compile_layers(model: torch.nn.Module) -> None:
+    """torch.compile every decoder layer in place (`learner.compile`; dynamic shapes, since micro-batches
+    differ in rows and length). Activation checkpointing, if on, recomputes the compiled layer."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not layers:
+        raise ValueError(f"learner.compile: {type(model).__name__} has no decoder layers to compile")
+    for layer in layers:
+        layer.compile(dynamic=True)
 
 
 def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[int] | None = None,

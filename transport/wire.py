@@ -98,8 +98,9 @@ class Heartbeat:
     """Last error worth the learner's log (e.g. a rejected verifier swap), else empty."""
     stats: dict[str, float] = field(default_factory=dict)
     """Cumulative actor counters (name -> number): samples, tokens, groups_sent, aborted, updates,
-    engine_restarts, idle_s (seconds the engine had no request, any reason) and idle_weight_s (the part
-    spent loading weights or gated by max_staleness)."""
+    engine_restarts, idle_s (seconds the engine had no request, any reason), idle_weight_s (the part
+    spent loading weights or gated by max_staleness), update_s (receiving and loading weights) and score_s
+    (groups in the verifier pool)."""
 
 
 @dataclass

@@ -1,0 +1,272 @@
+"""The whole loop against raw generation: `brorl run`'s samples/s next to what the same engine generates on
+its own, and where each step's time goes.
+
+    python -m bench.e2e --quick                              # CPU: a small shaped model, 1 learner + 1 actor
+    python -m bench.e2e --shape qwen2-1.5b --actors 1 3      # GPUs: the learner on GPU 0, actors on 1.., raw on 1
+    python -m bench.e2e --shape qwen2-1.5b --actors 3 --p3   # and N = 512 against N = 16, keep against finish
+
+Model: `tinymodel.shaped` (random weights of a real model's shape, a tokenizer of its whole vocabulary),
+built once under runs/bench/e2e/. Task: `throughput:0.5:<prompt chars>` (a set pass rate, so a random
+model yields kept groups); completion budgets log-normal (`actor.length_dist`), so stragglers are real.
+
+- raw: one engine built exactly as an actor's (`actors.engine.make_async_engine`), on one actor GPU, given
+  `--raw-steps` steps' prompts at once with the actor's sampling parameters (n = N, log-probs, text,
+  each prompt's own budget): the engine's ceiling, samples/s.
+- run: `brorl run` with the learner on one GPU and A actors (N = 16, updates kept in flight), each on its
+  own GPU; steady-state samples/s over
+  the learner's loop (steps from `WARM` on), per actor against raw; and per step: the learner's waiting,
+  training and broadcasting, the actors' (mean per actor) idle time, weight loading and scoring.
+- `--p3`: N = 512 (1 prompt per step) against N = 16 (32 prompts), the same samples per step and the same
+  long-tailed budgets, with `actor.in_flight_on_update` "keep" and "finish"; 1 learner + 1 actor each (two
+  jobs side by side on 4 GPUs), and the raw engine at both N.
+
+Writes bench/results/e2e[_<tag>].json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES_PER_STEP = 512  # on GPUs: N = 16 × 32 prompts, N = 512 × 1
+WARM = 2  # steps left out of the steady state (the first wait for the engines' first groups)
+
+
+def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update: str = "keep",
+        first_gpu: int = 0) -> tuple[str, dict]:
+    """(preset, overrides) of the measured job: N = `n` with `SAMPLES_PER_STEP` // n prompts per step (the
+    same samples per step whatever N), updates applied as `update`; its GPUs from `first_gpu` on."""
+    from transport.weights import free_ports
+
+    port = free_ports(3)  # jobs may run side by side
+    common = {"model.path": model, "verifiers.task": "throughput:0.5:128", "actor.length_dist": "lognormal",
+              "actor.num_actors": actors, "learner.steps": steps, "run.eval_interval": 0,
+              "learner.checkpoint_interval": 10**6, "learner.max_staleness": 1, "actor.n_samples": n,
+              "actor.in_flight_on_update": update, "transport.work_port": port, "transport.rollout_port": port + 1,
+              "transport.control_port": port + 2}
+    if shape == "small":  # CPU
+        b = max(1, 128 // n)
+        return "tiny-cpu", {**common, "model.dtype": "float32", "learner.prompts_per_step": b,
+                            "actor.prompts_per_request": b, "actor.max_tokens": 64, "actor.length_median": 24,
+                            "actor.max_model_len": 256}
+    b = max(1, SAMPLES_PER_STEP // n)
+    return "brorl-1.5b", {**common, "learner.prompts_per_step": b, "actor.prompts_per_request": b,
+                          "actor.max_tokens": 1024, "actor.length_median": 256, "actor.max_model_len": 1280,
+                          "learner.devices": 1, "learner.gpus": [first_gpu],
+                          "actor.gpus": [[first_gpu + 1 + i] for i in range(actors)]}
+
+
+def model_dir(shape: str) -> str:
+    from tinymodel import is_model_dir
+    from tinymodel.shaped import build_shaped_model
+
+    d = ROOT / "runs" / "bench" / "e2e" / f"model-{shape}"
+    if not is_model_dir(d):
+        import torch
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        build_shaped_model(d, shape, dtype="bfloat16" if shape != "small" else "float32", device=dev)
+    return str(d)
+
+
+async def _raw(cfg, prompts: int) -> dict:
+    from actors.engine import make_async_engine, request_max_tokens, sampling_params
+    from learner.batching import TaskStream
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = make_async_engine(cfg)
+    tasks = TaskStream(cfg, "train")  # the job's own prompts, ids 0.. (so the same budgets too)
+    items = [tasks[i] for i in range(prompts)]
+    a = cfg.actor
+    tokens = 0
+
+    async def one(i: int, prompt: str) -> None:
+        nonlocal tokens
+        sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=request_max_tokens(a, cfg.run.seed, i))
+        final = None
+        async for out in engine.generate(prompt, sp, f"raw-{i}"):
+            final = out
+        assert final is not None and len(final.outputs) == a.n_samples
+        assert all(o.logprobs is not None and o.text is not None for o in final.outputs)
+        tokens += sum(len(o.token_ids) for o in final.outputs)
+
+    try:
+        await one(-1, items[0].prompt)  # warm-up: the engine's first request compiles and captures
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i, t.prompt) for i, t in enumerate(items)))
+        wall = time.perf_counter() - t0
+    finally:
+        engine.shutdown()
+    n = prompts * a.n_samples
+    return {"prompts": prompts, "samples": n, "wall_s": wall, "samples_per_s": n / wall, "tokens_per_s": tokens / wall}
+
+
+def raw(preset: str, over: dict, prompts: int, gpu: int | None) -> dict:
+    """The raw engine in its own process (on GPU `gpu`): its last stdout line is the JSON result."""
+    env = dict(os.environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = _visible(gpu)
+    out = subprocess.run([sys.executable, "-m", "bench.e2e", "--raw-case", json.dumps([preset, over, prompts])],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"raw generation failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _visible(gpu: int) -> str:
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return seen.split(",")[gpu] if seen else str(gpu)
+
+
+def run_case(preset: str, over: dict, actors: int, tag: str) -> dict:
+    from bench.common import brorl_run
+
+    res = brorl_run(ROOT / "runs" / "bench" / "e2e" / tag, over, preset=preset)
+    m = res["metrics"]
+    if len(m) <= WARM:
+        raise RuntimeError(f"{tag}: {len(m)} steps, need more than {WARM} for a steady state")
+    steady = m[WARM:]
+    loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in steady)
+    gen = sum(r["generated"] for r in steady)
+    prev = m[WARM - 1]
+    per_step = []
+    for a, b in zip(m, m[1:]):
+        d = {k: (b.get(f"actor_{k}", 0.0) - a.get(f"actor_{k}", 0.0)) / actors for k in ("idle_s", "update_s", "score_s")}
+        per_step.append({"step": b["step"], "wait_s": b["wait_s"], "train_s": b["train_s"],
+                         "broadcast_s": b["broadcast_s"], **{f"actor_{k}": v for k, v in d.items()}})
+    idle = (m[-1].get("actor_idle_s", 0.0) - prev.get("actor_idle_s", 0.0)) / actors
+    return {"actors": actors, "steps": len(m), "samples_per_s": gen / loop, "per_actor_samples_per_s": gen / loop / actors,
+            "actor_idle_share": idle / loop, "learner_wait_share": sum(r["wait_s"] for r in steady) / loop,
+            "train_s_per_step": sum(r["train_s"] for r in steady) / len(steady),
+            "broadcast_s_per_step": sum(r["broadcast_s"] for r in steady) / len(steady),
+            "kept_share": sum(r["groups_kept"] for r in steady) / max(1, sum(r["groups_received"] for r in steady)),
+            "wall_s": res["wall_s"], "per_step": per_step}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="CPU: the small shape, 1 actor, few steps")
+    ap.add_argument("--shape", default="qwen2-1.5b")
+    ap.add_argument("--actors", type=int, nargs="*", default=[1], help="P1: runs with this many actors (N = 16)")
+    ap.add_argument("--p3", action="store_true", help="also N = 512 against N = 16, updates kept against finished "
+                    "(1 learner + 1 actor each; two at a time side by side where there are 4 GPUs)")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--raw-steps", type=int, default=4, help="steps' worth of prompts the raw engine generates")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--raw-case", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.raw_case:
+        from config.loader import load_config
+
+        preset, over, prompts = json.loads(a.raw_case)
+        print(json.dumps(asyncio.run(_raw(load_config(preset, over), prompts))))
+        return
+    from bench.common import table, write_json
+
+    if a.quick:
+        a.shape, a.steps = "small", 6
+    gpu = a.shape != "small"
+    gpus = _gpus() if gpu else 0
+    model = model_dir(a.shape)
+    raws = {}
+    for n in ([16, 512] if a.p3 else [16]):
+        preset, over = job(a.shape, 1, a.steps, model, n=n)
+        raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["learner.prompts_per_step"], 1 if gpu else None)}
+        print(f"raw engine, N = {n}: {raws[n]['samples_per_s']:.1f} samples/s", file=sys.stderr)
+    cases = [(n_act, 16, "keep") for n_act in a.actors]
+    if a.p3:
+        cases += [(1, n, up) for n in (512, 16) for up in ("keep", "finish") if (1, n, up) not in cases]
+    runs, side_by_side = [], gpu and gpus >= 4
+    todo = list(cases)
+    while todo:
+        batch = [todo.pop(0)]
+        if side_by_side and batch[0][0] == 1 and todo and todo[0][0] == 1:
+            batch.append(todo.pop(0))  # two 1 + 1 jobs at once: GPUs 0-1 and 2-3
+        with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
+            futs = [pool.submit(_one, a, model, c, 2 * i) for i, c in enumerate(batch)]
+            for f, (n_act, n, up) in zip(futs, batch):
+                r = f.result()
+                r["of_raw"] = r["per_actor_samples_per_s"] / raws[n]["samples_per_s"]
+                r["busy_of_raw"] = r["of_raw"] / max(1e-9, 1 - r["actor_idle_share"])
+                r["side_by_side"] = len(batch) > 1
+                runs.append(r)
+                print(f"{n_act} actor(s), N = {n}, {up}: {r['samples_per_s']:.1f} samples/s, "
+                      f"{100 * r['of_raw']:.0f} % of raw per actor", file=sys.stderr)
+    print("\nRaw engine (one " + ("GPU" if gpu else "CPU engine") + ")")
+    print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s"]))
+    print("\nbrorl run (steady state)")
+    print(table(runs, ["actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
+                       "actor_idle_share", "busy_of_raw", "learner_wait_share", "train_s_per_step",
+                       "broadcast_s_per_step", "kept_share"]))
+    name = "e2e" + (f"_{a.tag}" if a.tag else "")
+    preset, over = job(a.shape, 1, a.steps, model)
+    path = write_json(name, {"shape": a.shape, "samples_per_step": SAMPLES_PER_STEP if gpu else 128,
+                             "job": {"preset": preset, **{k: v for k, v in over.items() if "port" not in k and k != "model.path"}},
+                             "raw": list(raws.values()), "runs": runs})
+    _plot(raws, runs, path.with_suffix(".png"))
+    print(f"\nwrote {path} and {path.with_suffix('.png')}")
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _one(a, model: str, case: tuple[int, int, str], first_gpu: int) -> dict:
+    n_act, n, up = case
+    preset, over = job(a.shape, n_act, a.steps, model, n=n, update=up, first_gpu=first_gpu)
+    if a.shape == "small":
+        over = {k: v for k, v in over.items() if k not in ("learner.gpus", "actor.gpus")}
+    r = run_case(preset, over, n_act, f"run-{n_act}-n{n}-{up}")
+    return {"n": n, "update": up, **r}
+
+
+def _plot(raws: dict, runs: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.common import stamp
+
+    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(4.5 * (1 + len(runs)), 3.8))
+    ax = axes[0]
+    labels = [f"raw\nN={n}" for n in raws] + [f"{r['actors']}A N={r['n']}\n{r['update']}" for r in runs]
+    ax.bar(labels, [r["samples_per_s"] for r in raws.values()] + [r["per_actor_samples_per_s"] for r in runs])
+    ax.set_ylabel("samples/s (per actor)")
+    ax.tick_params(axis="x", labelsize=6)
+    for ax, r in zip(axes[1:], runs):
+        steps = [p["step"] for p in r["per_step"]]
+        bottom = [0.0] * len(steps)
+        for k, lab in (("train_s", "learner: train"), ("broadcast_s", "learner: broadcast"), ("wait_s", "learner: wait")):
+            v = [p[k] for p in r["per_step"]]
+            ax.bar([s - 0.2 for s in steps], v, 0.4, bottom=bottom, label=lab)
+            bottom = [b + x for b, x in zip(bottom, v)]
+        lo = [0.0] * len(steps)
+        gen = [max(0.0, p["wait_s"] + p["train_s"] + p["broadcast_s"] - p["actor_update_s"] - p["actor_idle_s"])
+               for p in r["per_step"]]
+        for k, lab in (("gen", "actor: generating"), ("actor_update_s", "actor: load weights"), ("actor_idle_s", "actor: idle")):
+            v = gen if k == "gen" else [p[k] for p in r["per_step"]]
+            ax.bar([s + 0.2 for s in steps], v, 0.4, bottom=lo, label=lab, hatch="//")
+            lo = [b + x for b, x in zip(lo, v)]
+        ax.plot(steps, [p["actor_score_s"] for p in r["per_step"]], "k.", label="actor: scoring (overlaps)")
+        ax.set_xlabel(f"step ({r['actors']} actor(s), N = {r['n']}, {r['update']})")
+        ax.set_ylabel("seconds")
+        ax.legend(fontsize=6)
+    st = stamp()
+    fig.suptitle(f"brorl run against raw generation, {st.get('device', st.get('cpu', '?'))}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
