@@ -158,6 +158,8 @@ def main() -> None:
     ap.add_argument("--actors", type=int, nargs="*", default=[1], help="P1: runs with this many actors (N = 16)")
     ap.add_argument("--p3", action="store_true", help="also N = 512 against N = 16, updates kept against finished "
                     "(1 learner + 1 actor each; two at a time side by side where there are 4 GPUs)")
+    ap.add_argument("--cases", default="", help="instead of --actors/--p3: ACTORS:N:keep|finish, comma-separated, "
+                    "run in this order (consecutive 1-actor cases side by side where there are 4 GPUs)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--raw-steps", type=int, default=4, help="steps' worth of prompts the raw engine generates")
     ap.add_argument("--tag", default="")
@@ -176,14 +178,19 @@ def main() -> None:
     gpu = a.shape != "small"
     gpus = _gpus() if gpu else 0
     model = model_dir(a.shape)
-    raws = {}
-    for n in ([16, 512] if a.p3 else [16]):
-        preset, over = job(a.shape, 1, a.steps, model, n=n)
-        raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["learner.prompts_per_step"], 1 if gpu else None)}
-        print(f"raw engine, N = {n}: {raws[n]['samples_per_s']:.1f} samples/s", file=sys.stderr)
     cases = [(n_act, 16, "keep") for n_act in a.actors]
     if a.p3:
         cases += [(1, n, up) for n in (512, 16) for up in ("keep", "finish") if (1, n, up) not in cases]
+    if a.cases:
+        try:
+            cases = [(int(x), int(n), up) for x, n, up in (c.split(":") for c in a.cases.split(","))]
+        except ValueError:
+            ap.error(f"--cases {a.cases!r}: expected ACTORS:N:keep|finish, comma-separated")
+    raws = {}
+    for n in sorted({n for _, n, _ in cases}):
+        preset, over = job(a.shape, 1, a.steps, model, n=n)
+        raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["learner.prompts_per_step"], 1 if gpu else None)}
+        print(f"raw engine, N = {n}: {raws[n]['samples_per_s']:.1f} samples/s", file=sys.stderr)
     runs, side_by_side = [], gpu and gpus >= 4
     todo = list(cases)
     while todo:
