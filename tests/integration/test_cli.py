@@ -48,6 +48,20 @@ def test_dockerfile_roles_exist():
         assert brorl(role, "--help").returncode == 0, role
 
 
+def test_dockerfile_copies_every_package_and_runs_unprivileged():
+    """The image installs brorl from the packages it copies: one missing from the COPY lines (as `fleet` once
+    was) fails `pip install` inside the build. And the roles do not run as root."""
+    import tomllib
+
+    text = (ROOT / "Dockerfile").read_text()
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    copied = set(re.findall(r"^COPY (\w+) \1$", text, re.M))
+    assert set(packages) <= copied, f"not copied into the image: {sorted(set(packages) - copied)}"
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0"), users
+    assert re.search(r"^ARG BASE=", text, re.M) and re.search(r"^ARG EXTRA=", text, re.M)
+
+
 def test_console_script_installed():
     exe = Path(sys.executable).parent / "brorl"
     assert exe.exists()

@@ -1,0 +1,198 @@
+"""`brorl run --cluster ADDRESS|auto|local`: the same job with its roles placed by Ray.
+
+Each role (the learner, every actor) runs in a Ray actor, `RoleHost`, that asks Ray for the role's
+resources (CPUs; GPUs as the device placement counts them: the learner's `learner.devices`, an actor's
+`actor.tensor_parallel_size`) and starts the role's own command (`python -m cli learner|actor …`, as
+`docker run IMAGE …` would) as its child. The data plane does not change: ZeroMQ between the roles,
+gloo/NCCL for weights. Ray only places, restarts and carries logs:
+
+  - the config travels as text and is written to the run folder on whichever node a role lands;
+  - Ray sets each GPU role's `CUDA_VISIBLE_DEVICES`;
+  - an actor whose process dies (or whose host is killed) is restarted by Ray (`max_restarts` =
+    `run.max_actor_restarts`): a new incarnation that rejoins and gets the current weights before it
+    takes work. An actor that refuses to start (a verifier failed its self-test) is not restarted and
+    stops the job, as on one machine. The learner is not restarted by Ray (resume with `--resume`);
+  - each role's output goes to `run_dir/logs/<role>.log` on its node and is streamed to the driver
+    (`[actor-0] …` lines);
+  - stopping is the single-machine order (SIGTERM the learner, which checkpoints and tells the actors
+    to stop; then the actors), through the hosts; then the hosts are killed and the driver disconnects.
+
+The learner's endpoints: roles connect to `transport.host`, so on several nodes it must be the learner
+node's address (and CURVE on, with the keys present on every node: `brorl keys`); on one node the
+loopback default works.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from actors.verifier_set import EXIT_REFUSED
+from cli.launcher import Launcher, _die_with_parent, _kill_group
+from config.schema import BrorlConfig
+
+
+class RoleHost:
+    """A Ray actor holding one role's process (decorated with `ray.remote` when the launcher starts)."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], run_dir: str, config_toml: str,
+                 restartable: bool):
+        run = Path(run_dir)
+        (run / "logs").mkdir(parents=True, exist_ok=True)
+        cfg_path = run / "config.toml"
+        if not cfg_path.exists() or cfg_path.read_text() != config_toml:
+            cfg_path.write_text(config_toml)  # another node: the role reads the job's config from here
+        self.name, self.restartable, self.stopping = name, restartable, False
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.log = run / "logs" / f"{name}.log"
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        """The role's output into its log file and, line by line, to this worker's stdout (Ray streams it to
+        the driver); when the role dies unasked and may be restarted, this host dies too, so Ray restarts it."""
+        with open(self.log, "ab") as f:
+            for line in iter(self.proc.stdout.readline, b""):
+                f.write(line)
+                f.flush()
+                print(f"[{self.name}] {line.decode(errors='replace').rstrip()}", flush=True)
+        rc = self.proc.wait()
+        if rc not in (0, EXIT_REFUSED) and self.restartable and not self.stopping:
+            print(f"[{self.name}] exited with {rc}; Ray restarts it", flush=True)
+            os._exit(1)
+
+    def status(self) -> dict:
+        return {"host_pid": os.getpid(), "pid": self.proc.pid, "rc": self.proc.poll()}
+
+    def signal(self, signum: int) -> None:
+        self.stopping = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def kill_group(self) -> None:
+        self.stopping = True
+        _kill_group(self.proc.pid)
+
+
+class RayRole:
+    """The launcher's handle on a `RoleHost`: what it uses of `subprocess.Popen` (poll, wait, send_signal,
+    kill, pid, returncode), answered through Ray. `restarts` counts the host incarnations Ray made."""
+
+    def __init__(self, name: str, host):
+        self.name, self.host = name, host
+        self.returncode: int | None = None
+        self.pid: int | None = None  # the role's pid on its node
+        self.host_pid: int | None = None
+        self.restarts = 0
+
+    def poll(self) -> int | None:
+        import ray
+
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            st = ray.get(self.host.status.remote(), timeout=30)
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            return None  # being restarted by Ray, or busy: alive as far as we know
+        except ray.exceptions.ActorDiedError:
+            self.returncode = 1  # dead for good (restarts used up, or killed)
+            return self.returncode
+        if self.host_pid is not None and st["host_pid"] != self.host_pid:
+            self.restarts += 1
+        self.host_pid, self.pid, self.returncode = st["host_pid"], st["pid"], st["rc"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(self.name, timeout)
+            time.sleep(0.2)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        import ray
+
+        try:
+            ray.get(self.host.signal.remote(int(signum)), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+
+    def kill(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.host.kill_group.remote(), timeout=10)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        ray.kill(self.host, no_restart=True)
+        if self.returncode is None:
+            self.returncode = -signal.SIGKILL
+
+
+class RayLauncher(Launcher):
+    """`Launcher` with each role in a Ray actor (see the module docstring)."""
+
+    def __init__(self, cfg: BrorlConfig, address: str, resume: bool = False, quiet: bool = False):
+        import ray
+
+        if address == "local":  # a Ray instance of this process's own, for one machine
+            ray.init(include_dashboard=False, log_to_driver=True)
+        else:
+            ray.init(address=address, log_to_driver=True)
+        self._ray_remote = ray.remote(RoleHost)
+        super().__init__(cfg, resume=resume, quiet=quiet, gpus=int(ray.cluster_resources().get("GPU", 0)))
+
+    def gpu_env(self, name: str) -> dict[str, str]:
+        return {}  # Ray sets CUDA_VISIBLE_DEVICES for the GPUs it grants the role's host
+
+    def _gpus_of(self, name: str) -> int:
+        p = self.placement
+        if name == "learner":
+            return len(p.learner)
+        return len(p.actors[int(name.rsplit("-", 1)[1])]) if p.actors else 0
+
+    def _start(self, name: str, args: list[str]) -> RayRole:
+        from config.loader import to_toml
+
+        learner = name == "learner"
+        host = self._ray_remote.options(
+            num_cpus=1, num_gpus=self._gpus_of(name), max_restarts=0 if learner else self.cfg.run.max_actor_restarts,
+            max_task_retries=0, max_concurrency=4,  # status and signals answer while the pump runs
+        ).remote(name, args, self.gpu_env(name), str(self.run_dir), to_toml(self.cfg), not learner)
+        p = RayRole(name, host)
+        self.procs[name] = p
+        self._started_at[name] = time.monotonic()
+        return p
+
+    def _supervise_actors(self) -> None:
+        """Ray restarts dead actors; here: count the restarts, and stop on a refusal or a host given up."""
+        for name, p in self.procs.items():
+            if name == "learner" or name in self.given_up:
+                continue
+            rc = p.poll()
+            if rc == EXIT_REFUSED:
+                self.refused = f"{name} refused to start: see {self.logs / f'{name}.log'}"
+                print(f"[brorl run] {self.refused}; stopping the job", flush=True)
+                return
+            if rc is not None:
+                self.given_up.append(name)
+                print(f"[brorl run] {name} exited with {rc} (Ray restarts used up: run.max_actor_restarts); "
+                      f"leaving it down", flush=True)
+        self.restarts = sum(p.restarts for n, p in self.procs.items() if n != "learner")
+
+    def _reap(self, p) -> None:
+        p.kill()
+
+    def close(self) -> None:
+        import ray
+
+        for p in self.procs.values():
+            p.kill()
+        ray.shutdown()
