@@ -173,8 +173,7 @@ class LearnerService:
         self._no_progress = 0
         actors = self.members.actor_stats.values()
         report.update({**stats, **self.admission.take_stats(), **self.validator.take_stats(), "version": self.version,
-                       "no_progress_warnings": float(self._no_progress),
-                       # cumulative over the actors' current runs, from their heartbeats
+                       "no_progress_warnings": float(self._no_progress),  # then actors' cumulative heartbeat counters
                        **{f"actor_{k}": sum(a.get(k, 0.0) for a in actors) for k in ("idle_s", "update_s", "score_s")},
                        "actor_engine_restarts": sum(a.get("engine_restarts", 0) for a in actors)})
 
@@ -185,7 +184,9 @@ class LearnerService:
             return
         alive = self.members.alive()
         if alive and self.members.group != alive:  # a new group: only of actors that show they live
-            alive = await self.members.roll_call(alive, 2.5 * self.cfg.transport.heartbeat_interval_s)
+            called, alive = alive, await self.members.roll_call(alive, 2.5 * self.cfg.transport.heartbeat_interval_s)
+            log.info("weight group for version %d: %s; missed the roll call: %s", self.version, alive,
+                     sorted(set(called) - set(alive)))
         if not alive:  # nobody to send to: the version is announced, the next member gets it on joining
             self._drop_group()
             self.members.synced_version = self.version
@@ -212,8 +213,7 @@ class LearnerService:
             self.evict_silent(within_s=1.5 * beat)
 
     def _drop_group(self) -> None:
-        """No weight group any more: the next broadcast forms a new one, and no joining actor is handed the
-        old rendezvous (nobody listens on it)."""
+        """No weight group any more: the next broadcast forms a new one; nobody is handed the old rendezvous."""
         self.members.group = []
         self.sockets.control.weights = {}
 

@@ -295,6 +295,7 @@ class ActorSockets:
         poller.register(self.work.sock, zmq.POLLIN)
         poller.register(self.control.sock, zmq.POLLIN)
         next_hello, every = 0.0, 0.05
+        snaps = 0
         while (now := time.monotonic()) < deadline:
             if now >= next_hello:
                 token = uuid.uuid4().hex
@@ -309,6 +310,7 @@ class ActorSockets:
             if self.work.sock in ready:
                 msg = await _take(self.work.sock, self.work.rejects)
                 if isinstance(msg, wire.Snapshot):
+                    snaps += 1
                     if snap is None or msg.epoch != snap.epoch or msg.control_seq >= snap.control_seq:
                         snap = msg
                 elif msg is not None:
@@ -323,7 +325,12 @@ class ActorSockets:
                 self.control.adopt(snap)
                 self.control.backlog = sorted((m for m in heard if m.epoch == snap.epoch), key=lambda m: m.seq)
                 return snap
-        raise TimeoutError(f"actor {self.actor_id}: no control-channel barrier within {timeout_s} s")
+        ours = sum(1 for m in heard if m.kind == "sync_ack" and m.payload.get("token") in tokens)
+        raise TimeoutError(
+            f"actor {self.actor_id}: no control-channel barrier within {timeout_s} s: {len(tokens)} hellos sent, "
+            f"{snaps} snapshots received (newest: epoch {snap.epoch if snap else '-'}, control seq "
+            f"{snap.control_seq if snap else '-'}), {ours} of our sync acks heard (lowest seq per epoch {acked}) "
+            f"among {len(heard)} control messages")
 
 
 async def _take(sock: zmq.asyncio.Socket, rejects: _Rejects, expect: type | None = None) -> Any:

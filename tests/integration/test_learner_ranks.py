@@ -54,24 +54,23 @@ def stop_tree(learner: subprocess.Popen) -> None:
 async def train_with(cfg, learner: subprocess.Popen, tmp_path: Path, timeout_s: float = 240.0) -> list[FakeActor]:
     ep = LearnerService.endpoints_of(cfg)
     # the learner is a subprocess starting two DeepSpeed ranks: on 2 busy cores that can take a minute
-    everyone = [FakeActor(ep, f"a{i}", n_samples=N, seed=i, sync_timeout_s=120) for i in range(2)]
-    actors = everyone
+    actors = [FakeActor(ep, f"a{i}", n_samples=N, seed=i, sync_timeout_s=120) for i in range(2)]
     try:
-        # One CI run saw one of the two actors' start-up barrier time out while the other synced and trained
-        # the whole job (not diagnosed yet; the closing note of 2026-11-27 has the evidence). This test is
-        # about the learner's ranks: it needs one actor, and says which one failed if any did.
-        started = await asyncio.gather(*(a.start() for a in actors), return_exceptions=True)
-        failed = [(a.actor_id, repr(e)) for a, e in zip(actors, started) if e is not None]
-        assert len(failed) < len(actors), failed
-        if failed:
-            print(f"actors that did not start: {failed}")
-        actors = [a for a, e in zip(actors, started) if e is None]
+        # Both actors start (start-up barrier) before either asks for work: the tiny job trains a step in
+        # ~0.1 s, so an actor that asked first could train the whole job while the other was still starting.
+        # It then never joined a weight group (that actor got none of the versions) or, when the learner had
+        # already exited, timed out in its barrier: both seen in CI and reproduced here, ~1 run in 3.
+        for a in actors:
+            a.may_work.clear()
+        await asyncio.gather(*(a.start() for a in actors))
+        for a in actors:
+            a.may_work.set()
         deadline = time.monotonic() + timeout_s
         while learner.poll() is None:
             assert time.monotonic() < deadline, (tmp_path / "learner.log").read_text()[-3000:]
             await asyncio.sleep(0.1)
     finally:
-        for a in everyone:
+        for a in actors:
             await a.kill()
         stop_tree(learner)
     assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
@@ -96,8 +95,9 @@ async def test_two_learner_ranks_train_checkpoint_and_resume(tiny_model_dir, tmp
     rows = read(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["groups"] == B for r in rows), rows
     assert all(r["samples"] == B * N and r["train_tokens"] > 0 for r in rows), rows  # both ranks' tokens
-    for a in actors:
-        assert a.received_versions[-1] == 4, a.received_versions
+    groups = [ln for ln in (tmp_path / "learner.log").read_text().splitlines() if "weight group for version" in ln]
+    for a in actors:  # (a failure shows how the learner formed its weight groups)
+        assert a.received_versions[-1:] == [4], (a.actor_id, a.received_versions, groups)
     ckpt = run_dir / "checkpoints" / "step-000004"
     assert json.loads((ckpt / "state.json").read_text())["ranks"] == 2
     assert (ckpt / "optimizer.pt").stat().st_size > 0 and (ckpt / "optimizer-rank1.pt").stat().st_size > 0
