@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tinymodel.shaped import SHAPES
+
 ROOT = Path(__file__).resolve().parents[1]
-QWEN2_1P5B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536,
-              "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-              "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
-              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
-              "torch_dtype": "bfloat16", "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643}
+QWEN2_1P5B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **SHAPES["qwen2-1.5b"],
+              "tie_word_embeddings": True, "torch_dtype": "bfloat16", "hidden_act": "silu",
+              "bos_token_id": 151643, "eos_token_id": 151643}  # config.json of the shape tinymodel.shaped builds
 
 
 def model_dir(args) -> tuple[str, dict]:

@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from config.placement import visible_env
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_STEP = 512  # on GPUs: N = 16 × 32 prompts, N = 512 × 1
 WARM = 2  # steps left out of the steady state (the first wait for the engines' first groups)
@@ -113,7 +115,7 @@ def raw(preset: str, over: dict, prompts: int, gpu: int | None) -> dict:
     """The raw engine in its own process (on GPU `gpu`): its last stdout line is the JSON result."""
     env = dict(os.environ)
     if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = _visible(gpu)
+        env["CUDA_VISIBLE_DEVICES"] = visible_env([gpu], os.environ.get("CUDA_VISIBLE_DEVICES"))
     out = subprocess.run([sys.executable, "-m", "bench.e2e", "--raw-case", json.dumps([preset, over, prompts])],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
@@ -121,20 +123,16 @@ def raw(preset: str, over: dict, prompts: int, gpu: int | None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _visible(gpu: int) -> str:
-    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return seen.split(",")[gpu] if seen else str(gpu)
-
-
 def run_case(preset: str, over: dict, actors: int, tag: str) -> dict:
     from bench.common import brorl_run
+    from learner.metrics import loop_seconds
 
     res = brorl_run(ROOT / "runs" / "bench" / "e2e" / tag, over, preset=preset)
     m = res["metrics"]
     if len(m) <= WARM:
         raise RuntimeError(f"{tag}: {len(m)} steps, need more than {WARM} for a steady state")
     steady = m[WARM:]
-    loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in steady)
+    loop = loop_seconds(steady)
     gen = sum(r["generated"] for r in steady)
     prev = m[WARM - 1]
     per_step = []

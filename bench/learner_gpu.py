@@ -32,8 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-QWEN_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                num_key_value_heads=2, vocab_size=151_936)
+from tinymodel.shaped import SHAPES
+
+QWEN_15B = {k: SHAPES["qwen2-1.5b"][k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                 "num_attention_heads", "num_key_value_heads", "vocab_size")}
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 
 

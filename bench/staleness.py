@@ -28,6 +28,7 @@ WARM = 3  # steps left out of the steady-state figures (and of the fleet simulat
 
 def one(value: int, steps: int, seed: int) -> dict:
     from bench.common import brorl_run
+    from learner.metrics import loop_seconds
 
     o = {"learner.max_staleness": value, "learner.steps": steps, "learner.prompts_per_step": 8,
          "actor.prompts_per_request": 8,
@@ -35,7 +36,7 @@ def one(value: int, steps: int, seed: int) -> dict:
          "learner.seed": seed, "learner.checkpoint_interval": steps}
     res = brorl_run(ROOT / "runs" / "bench" / "staleness" / f"k{value}", o)
     m, h = res["metrics"], res["heldout"]
-    loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in m)
+    loop = loop_seconds(m)
     hist: dict[int, float] = {}
     for r in m:
         for k, v in r.items():
@@ -46,7 +47,7 @@ def one(value: int, steps: int, seed: int) -> dict:
 
     # steady state: from step WARM on (the first steps wait for the engine's first groups)
     steady, warm_idle = m[WARM:], m[WARM - 1].get("actor_idle_s", 0.0)
-    steady_loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in steady)
+    steady_loop = loop_seconds(steady)
     steady_idle = m[-1].get("actor_idle_s", 0.0) - warm_idle
     n, credits = 16, 2 * o["actor.prompts_per_request"]
     cal = calibrate(steady, steady_idle, n=n, seqs_in_flight=n * credits,

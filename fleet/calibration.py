@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fleet.sim import Fleet, Rates
+from learner.metrics import loop_seconds
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 DEFAULT = RESULTS / "fleet_calibration.json"
@@ -33,7 +34,7 @@ def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: 
     slope, fixed = np.polyfit(tokens, train_s, 1) if np.ptp(tokens) > 0 else (0.0, train_s.mean())
     if slope <= 0 or fixed < 0:  # too little spread in step sizes to tell the two apart: the mean step
         slope, fixed = 0.0, float(train_s.mean())
-    loop = sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in metrics)
+    loop = loop_seconds(metrics)
     generated_tokens = sum(r["tokens"] for r in metrics)
     busy = max(loop - actor_idle_s, 1e-9)
     rate = generated_tokens / busy  # tokens/s of the engine while it had work

@@ -82,3 +82,8 @@ def read(path: str | Path) -> list[dict]:
                 break
             raise ValueError(f"{p}: line {i + 1} is not JSON: {line[:80]!r}") from None
     return rows
+
+
+def loop_seconds(rows: list[dict]) -> float:
+    """The learner's loop time over these metrics rows: waiting for data, training and broadcasting."""
+    return sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in rows)
