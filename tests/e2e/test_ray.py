@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from cli.cluster import RayLauncher
@@ -22,19 +23,36 @@ RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 @pytest.fixture
 def ray_cluster(monkeypatch):
-    """A Ray head on this machine (its own processes), stopped afterwards with everything it started.
+    """A Ray head on this machine (its own processes), stopped afterwards with everything it started: the
+    processes that `ray start` left running and their descendants (workers, roles), by pid.
     Its workers take ports 30000-30999, away from where `free_ports` picks the job's. Token authentication
     is off for this loopback test cluster (the head and the driver would otherwise need the same token)."""
     port = free_port()
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    before = set(psutil.pids())
     subprocess.run([*RAY, "start", "--head", f"--port={port}", "--num-cpus=4", "--object-store-memory=100000000",
                     "--include-dashboard=false", "--disable-usage-stats", "--min-worker-port=30000",
                     "--max-worker-port=30999"], check=True, env=env, timeout=180, capture_output=True)
+    started = [pid for pid in psutil.pids() if pid not in before]
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([*RAY, "stop", "--force"], timeout=120, capture_output=True)
+        ours = []
+        for pid in started:
+            try:
+                p = psutil.Process(pid)
+                ours += [p, *p.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        for p in ours:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(ours, timeout=30)
+        for p in alive:
+            p.kill()
 
 
 def test_ray_restarts_a_killed_actor_and_the_job_loses_nothing(warm_model_dir, tmp_path, ray_cluster):
