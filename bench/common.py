@@ -76,10 +76,12 @@ def write_json(name: str, payload: dict) -> Path:
     return path
 
 
-def run_isolated(module: str, args: list[str], timeout: float = 1800) -> dict:
-    """Run `python -m module args` in a fresh process (clean peak RSS); it prints one JSON line last."""
+def run_isolated(module: str, args: list[str], timeout: float = 1800, env: dict | None = None) -> dict:
+    """Run `python -m module args` in a fresh process (clean peak RSS; `env` added to the environment);
+    it prints one JSON line last."""
     out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                         timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+                         timeout=timeout, cwd=Path(__file__).resolve().parents[1],
+                         env=None if env is None else {**os.environ, **env})
     if out.returncode != 0:
         raise RuntimeError(f"{module} {args} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -136,11 +136,14 @@ def case(kind: str, p: dict) -> dict:
             return {"L": p["L"], "ok": False, "error": str(e)[:200]}
         return {"L": p["L"], "preset": p.get("preset", "brorl-1.5b"), **r}
     if kind == "mfu":
-        over = {k: v for k, v in p.items()
-                if k in ("activation_checkpointing", "micro_batch_tokens", "share_prompt", "compile")}
+        over = {k: v for k, v in p.items() if k in ("activation_checkpointing", "activation_checkpointing_fraction",
+                                                     "micro_batch_tokens", "share_prompt", "compile", "backend")}
         lc = preset_learner(prompts_per_step=p["groups"], **over)
         groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
-        return {**p, **run_step(groups, lc, steps=p.get("steps", 1))}
+        try:
+            return {**p, **run_step(groups, lc, steps=p.get("steps", 1))}
+        except torch.OutOfMemoryError as e:
+            return {**p, "ok": False, "error": str(e)[:200], "tokens_per_s": 0.0, "mfu": 0.0}
     if kind == "scale":
         from learner.ranks import join_ranks  # noqa: F401  (the env is set by `ranks`)
         from config.loader import load_config
@@ -151,6 +154,32 @@ def case(kind: str, p: dict) -> dict:
         groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
         return {**p, "ranks": ranks.world, **run_step(groups, cfg.learner, steps=2, ranks=ranks)}
     raise ValueError(kind)
+
+
+def side_by_side(one, kind: str, cases: list[dict]) -> list[dict]:
+    """Run the cases, each in its own process on a GPU of its own, as many at once as there are GPUs
+    (one at a time on one GPU); results in the cases' order. A case uses one GPU only, so its time does
+    not depend on what the others do."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    gpus = queue.Queue()
+    for g in range(max(1, torch.cuda.device_count())):
+        gpus.put(g)
+
+    def on_a_gpu(p: dict) -> dict:
+        g = gpus.get()
+        try:
+            r = one(kind, p, {"CUDA_VISIBLE_DEVICES": str(g)})
+            print(f"  {kind} {p}: {r.get('tokens_per_s', 0):.0f} tokens/s, MFU {r.get('mfu', 0):.3f}", file=sys.stderr)
+            return r
+        finally:
+            gpus.put(g)
+
+    with ThreadPoolExecutor(gpus.qsize()) as ex:
+        return list(ex.map(on_a_gpu, cases))
 
 
 def ranks(world: int, args: list[str], timeout: float = 1200) -> dict:
@@ -179,16 +208,20 @@ def main(quick: bool = False, only: str = "") -> None:
     gpus = torch.cuda.device_count()
     want = set(only.split(",")) if only else {"longest", "mfu", "shared", "scale"}
     old = json.loads((RESULTS / "learner_gpu.json").read_text()) if only and (RESULTS / "learner_gpu.json").exists() else {}
-    one = lambda kind, p: run_isolated("bench.learner", ["--case", f"gpu-{kind}:{json.dumps(p)}"], timeout=1800)  # noqa: E731
+    one = lambda kind, p, env=None: run_isolated("bench.learner", ["--case", f"gpu-{kind}:{json.dumps(p)}"],  # noqa: E731
+                                                 timeout=1800, env=env)
     longest, mfu, shared, scale = (old.get(k, []) for k in ("longest", "mfu", "shared", "scale"))
     if "longest" in want:
         longest = [one("longest", {"L": L}) for L in ((16_384,) if quick else (8_192, 16_384, 32_768))]
     if "mfu" in want:
         shape = {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2}
         no_ckpt = {"activation_checkpointing": False, "micro_batch_tokens": 8192}
-        mfu = [one("mfu", {**shape, "compile": False}), one("mfu", {**shape, **no_ckpt, "compile": False}),
-               one("mfu", {**shape, "steps": 3, "compile": True}),  # steps 1-2 compile the shapes
-               one("mfu", {**shape, **no_ckpt, "steps": 3, "compile": True})]
+        compiled = {**shape, "steps": 3, "compile": True}  # steps 1-2 compile the shapes
+        mfu = side_by_side(one, "mfu", [
+            {**shape, "compile": False}, {**shape, **no_ckpt, "compile": False}, compiled,
+            {**compiled, **no_ckpt}, {**compiled, "backend": "torch"},
+            *({**compiled, "activation_checkpointing_fraction": f} for f in (0.75, 0.5)),
+            {**compiled, "activation_checkpointing_fraction": 0.5, "micro_batch_tokens": 32768}])
     for shape in ({"groups": 1, "n": 512, "prompt": 2048, "completion": 1024},
                   {"groups": 1, "n": 64, "prompt": 256, "completion": 4096}):
         if "shared" not in want:
@@ -216,8 +249,8 @@ def main(quick: bool = False, only: str = "") -> None:
     print("\nLongest response that trains, N = 512 (8 completions of L tokens, 504 of 256), brorl-1.5b settings")
     print(table(longest, ["L", "ok", "seconds", "peak_gib", "tokens_per_s", "micro_batches"]))
     print("\nThroughput and MFU at 4,096-token responses (64 samples, 256-token prompts)")
-    print(table(mfu, ["activation_checkpointing", "micro_batch_tokens", "compile", "seconds", "tokens_per_s", "tflops", "mfu",
-                      "peak_gib"]))
+    print(table(mfu, ["activation_checkpointing", "activation_checkpointing_fraction", "micro_batch_tokens", "backend",
+                      "compile", "seconds", "tokens_per_s", "tflops", "mfu", "peak_gib"]))
     print("\nShared prompt: tokens/s of the whole step, unshared against shared")
     print(table(shared, ["n", "prompt", "completion", "unshared_tok_s", "shared_tok_s", "speedup",
                          "decoder_tokens_ratio"]))
@@ -230,13 +263,20 @@ def main(quick: bool = False, only: str = "") -> None:
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
 
 
+def mfu_label(r: dict) -> str:
+    ckpt = "no ckpt" if r.get("activation_checkpointing") is False else \
+        f"ckpt {r.get('activation_checkpointing_fraction', 1.0):g}"
+    return (f"{'compiled' if r.get('compile') else 'eager'}, {ckpt}, {r.get('backend', 'deepspeed')}, "
+            f"{r.get('micro_batch_tokens', 65536) // 1024}k")
+
+
 def _plot(longest, mfu, shared, scale, out, st: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     ok = [r for r in longest if r.get("ok")]
     axes[0].bar([str(r["L"]) for r in ok], [r["peak_gib"] for r in ok])
     axes[0].set_xlabel("longest completion (tokens), N = 512")
@@ -255,10 +295,9 @@ def _plot(longest, mfu, shared, scale, out, st: dict) -> None:
         axes[2].set_xlabel("GPUs (ZeRO-2)")
         axes[2].set_ylabel("speed-up")
         axes[2].legend()
-    else:
-        axes[2].bar([str(r.get("activation_checkpointing")) for r in mfu], [100 * r["mfu"] for r in mfu])
-        axes[2].set_xlabel("activation checkpointing")
-        axes[2].set_ylabel("MFU (%)")
+    axes[3].barh(range(len(mfu)), [100 * r.get("mfu", 0) for r in mfu])
+    axes[3].set_yticks(range(len(mfu)), [mfu_label(r) for r in mfu], fontsize=7)
+    axes[3].set_xlabel("MFU (%), 4,096-token responses")
     fig.suptitle(f"Learner, Qwen2-1.5B shape, {st.get('device', '?')}, torch {st.get('torch', '?')}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

@@ -172,6 +172,11 @@ class LearnerConfig(_Section):
     """Recompute the decoder layers' activations in backward instead of keeping them (less memory, about
     a third more compute)."""
 
+    activation_checkpointing_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    """With `activation_checkpointing`: the share of decoder layers recomputed, spread evenly over the
+    depth; the others keep their activations. Below 1 trades memory for speed: each layer kept saves
+    its recomputation (a forward of that layer) and costs its activations for a whole micro-batch."""
+
     compile: bool = False
     """Compile each decoder layer and the log-prob chunk with `torch.compile` (dynamic shapes): the norms,
     rotary embedding, activation and log-softmax run as fused kernels instead of one pass over memory

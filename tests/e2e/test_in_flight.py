@@ -35,17 +35,24 @@ def logprobs_under(model, g) -> list[np.ndarray]:
     return [lp[i][b.mask[i]].numpy() for i in range(len(comps))]
 
 
-async def push_until_mixed(fl: FakeLearner, model_dir: str, base: int, tries: int = 3, device: str = "cpu"):
-    """Push versions base+1, base+2, … (perturbed weights) while the actor generates, until a group arrives
-    sampled partly by version `base` and partly by a newer one; returns such groups."""
-    for v in range(base + 1, base + 1 + tries):  # the actor keeps several requests going
-        fl.model = perturbed(model_dir, v).to(device)
+async def push_until_mixed(fl: FakeLearner, model_dir: str, models: dict, tries: int = 6, device: str = "cpu"):
+    """Push versions after the newest in `models` (perturbed weights, recorded there) while the actor
+    generates, until a group arrives whose tokens were sampled by two versions or more; returns such groups.
+    Each push waits a moment after a group arrived, so that it lands while requests are mid-completion."""
+    for v in range(max(models) + 1, max(models) + 1 + tries):
+        await asyncio.sleep(0.2 * (v % 3))
+        models[v] = fl.model = perturbed(model_dir, v).to(device)
         await fl.push_weights(["a0"], version=v)
-        got = await fl.wait_groups(1, timeout_s=120, where=lambda g: g.versions.size and g.versions.max() > 0)
-        mixed = [g for g in got if g.policy_version == base and g.versions.min() == 0]
+        await fl.wait_groups(1, timeout_s=120, where=lambda g, v=v: g.versions.size and g.versions.max() >= v)
+        mixed = [g for g in fl.groups if g.versions.size and g.versions.min() < g.versions.max()]
         if mixed:
             return mixed
-    raise AssertionError(f"no group was sampled partly by version {base} and partly by a newer one")
+    raise AssertionError(f"no group was sampled by two versions in {tries} pushes")
+
+
+def split_versions(g) -> list[np.ndarray]:
+    """Each completion's per-token versions."""
+    return np.split(g.versions, np.cumsum(g.lengths)[:-1])
 
 
 async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir, tmp_path):
@@ -54,23 +61,24 @@ async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir
     m0 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     fl = FakeLearner(m0)
     cfg = actor_cfg(tiny_model_dir, 8, **{"actor.in_flight_on_update": "keep", "actor.max_tokens": 48,
-                                          "actor.max_model_len": 64, "learner.max_staleness": 4})
+                                          "actor.max_model_len": 64, "learner.max_staleness": 8})
     proc = start_actor(cfg, tmp_path, fl.work_url, "a0")
     try:
         await fl.wait_groups(2, timeout_s=240)  # generating under the disk weights (version 0)
-        mixed = await push_until_mixed(fl, tiny_model_dir, base=0)
+        models = {0: m0}
+        mixed = await push_until_mixed(fl, tiny_model_dir, models)
         for _ in range(100):  # the actor's heartbeat counts the update it kept requests through
             if any(h.stats.get("kept_updates", 0) >= 1 for h in fl.heartbeats):
                 break
             await asyncio.sleep(0.1)
         assert any(h.stats.get("kept_updates", 0) >= 1 for h in fl.heartbeats), fl.heartbeats[-1:]
         g = mixed[0]
-        lp0 = logprobs_under(m0, g)
+        v_old = int(g.versions.min())
+        ref_lp = logprobs_under(models[v_old], g)
         first_new = []
-        for comp_mu, comp_v, ref in zip(g.completion_logprobs(), np.split(g.versions, np.cumsum(g.lengths)[:-1]),
-                                        lp0):
-            old = comp_v == 0
-            # the old weights' tokens: their μ is version 0's log-prob (float rounding only)
+        for comp_mu, comp_v, ref in zip(g.completion_logprobs(), split_versions(g), ref_lp):
+            old = comp_v == v_old
+            # the old weights' tokens: their μ is that version's log-prob (float rounding only)
             np.testing.assert_allclose(comp_mu[old], ref[old], atol=2e-3)
             if (~old).any():
                 first_new.append(abs(comp_mu[~old][0] - ref[~old][0]))

@@ -28,24 +28,47 @@ def test_each_role_sees_only_its_own_gpus(tmp_path):
         assert seen == [mine[g] for g in want], name
 
 
-@pytest.mark.gpu
-def test_brorl_run_on_two_gpus_places_the_roles_and_trains_with_updates_in_flight(warm_model_dir, tmp_path):
-    """`brorl run` end to end on 2 GPUs: the learner on GPU 0 and the actor on GPU 1 by default placement,
-    NCCL weights, weights updated in flight (`keep`); it trains to the end and records the placement."""
+def run_on_gpus(model_dir: str, run_dir, steps: int, **over) -> list[dict]:
+    """`brorl run` of the tiny job on the GPUs (NCCL weights, updates in flight); its metrics rows."""
     from cli.launcher import run
     from learner.metrics import read
-
-    assert torch.cuda.device_count() >= 2, "this test needs 2 GPUs"
     from transport.weights import free_ports
 
     port = free_ports(3)
     cfg = load_config("tiny-cpu", {
-        "model.path": warm_model_dir, "run.run_dir": str(tmp_path / "run"), "learner.steps": 12,
+        "model.path": model_dir, "run.run_dir": str(run_dir), "learner.steps": steps,
         "learner.device": "cuda", "transport.weight_backend": "nccl", "actor.in_flight_on_update": "keep",
         "actor.gpu_memory_utilization": 0.3, "actor.max_tokens": 32, "learner.max_staleness": 2,
-        "transport.work_port": port, "transport.rollout_port": port + 1, "transport.control_port": port + 2})
+        "transport.work_port": port, "transport.rollout_port": port + 1, "transport.control_port": port + 2,
+        **over})
     assert run(cfg, evaluate=False) == 0
-    rows = read(tmp_path / "run" / "metrics.jsonl")
+    return read(run_dir / "metrics.jsonl")
+
+
+@pytest.mark.gpu
+def test_brorl_run_on_two_gpus_places_the_roles_and_trains_with_updates_in_flight(warm_model_dir, tmp_path):
+    """`brorl run` end to end on 2 GPUs: the learner on GPU 0 and the actor on GPU 1 by default placement,
+    NCCL weights, weights updated in flight (`keep`); it trains to the end and records the placement."""
+    assert torch.cuda.device_count() >= 2, "this test needs 2 GPUs"
+    rows = run_on_gpus(warm_model_dir, tmp_path / "run", 12)
     assert [r["step"] for r in rows] == list(range(1, 13))
     written = (tmp_path / "run" / "config.toml").read_text()
     assert "gpus = [0]" in written and "gpus = [1]" in written  # the placement, recorded
+
+
+@pytest.mark.gpu
+def test_brorl_run_with_a_tensor_parallel_actor(warm_model_dir, tmp_path):
+    """One actor with `actor.tensor_parallel_size = 2` on GPUs 1 and 2, the learner on GPU 0: the NCCL
+    weight group has a rank for each of the engine's two workers, every update reaches both, and the job
+    trains to the end."""
+    assert torch.cuda.device_count() >= 3, "this test needs 3 GPUs (the learner + an actor of 2)"
+    rows = run_on_gpus(warm_model_dir, tmp_path / "run", 10, **{"actor.tensor_parallel_size": 2})
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    written = (tmp_path / "run" / "config.toml").read_text()
+    assert "gpus = [0]" in written and "gpus = [1, 2]" in written
+    print("TP=2 run:", [{k: r[k] for k in ("step", "version", "mismatch_kl", "samples_per_s", "broadcast_s")}
+                        for r in rows])
+    assert rows[-1]["version"] > rows[0]["version"]
+    # both engine workers hold every update: a shard left behind would sample from other weights than
+    # the learner's π_old, and the engine-vs-learner KL would grow with every step
+    assert max(r["mismatch_kl"] for r in rows) < 0.05, [r["mismatch_kl"] for r in rows]

@@ -234,7 +234,8 @@ def test_token_budget_micro_batches_and_checkpointing_equal_the_unsplit_step(tin
         g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
     ref_m, ref_g = _one_step(tiny_model_dir, groups, eos, loss_agg=loss_agg)
     for over in ({"micro_batch_tokens": 40}, {"micro_batch_tokens": 1}, {"activation_checkpointing": True},
-                 {"micro_batch_tokens": 64, "activation_checkpointing": True}):
+                 {"micro_batch_tokens": 64, "activation_checkpointing": True},
+                 {"micro_batch_tokens": 64, "activation_checkpointing": True, "activation_checkpointing_fraction": 0.5}):
         m, g = _one_step(tiny_model_dir, groups, eos, loss_agg=loss_agg, **over)
         assert m["micro_batches"] > ref_m["micro_batches"] or "micro_batch_tokens" not in over, over
         assert m["loss"] == pytest.approx(ref_m["loss"], rel=1e-10, abs=1e-12), over
@@ -247,16 +248,35 @@ def test_token_budget_micro_batches_and_checkpointing_equal_the_unsplit_step(tin
             assert m["padding_frac"] < ref_m["padding_frac"], (m["padding_frac"], ref_m["padding_frac"])
 
 
+def test_a_checkpointing_fraction_recomputes_that_share_of_the_layers_only(tiny_model_dir):
+    """`learner.activation_checkpointing_fraction = 0.5`: half the decoder layers, spread over the depth,
+    run their forward again in backward; the others run it once."""
+    from learner.train_step import enable_activation_checkpointing
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    layers = model.get_decoder().layers
+    assert enable_activation_checkpointing(model, 0.5) == [1, 3]
+    calls = [0] * len(layers)
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
+    model(torch.arange(12)[None]).logits.sum().backward()
+    assert calls == [1, 2, 1, 2]
+    model2 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert enable_activation_checkpointing(model2, 1.0) == [0, 1, 2, 3]
+    assert enable_activation_checkpointing(model2, 0.25) == [3]
+
+
 def test_compiled_layers_and_log_probs_give_the_eager_step(tiny_model_dir):
     """`learner.compile`: the compiled decoder layers and log-prob chunks (dynamic shapes: micro-batches of
-    several lengths) give the eager step's loss and gradients, with activation checkpointing on too."""
+    several lengths) give the eager step's loss and gradients, with activation checkpointing on too (half the
+    layers recomputed, half not)."""
     import learner.logprobs as lp
 
     groups, eos = fixed_groups(tiny_model_dir)
     for g in groups:
         g.completion_ids = [c + [eos] * (i % 5) for i, c in enumerate(g.completion_ids)]
         g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
-    over = {"micro_batch_tokens": 64, "activation_checkpointing": True}
+    over = {"micro_batch_tokens": 64, "activation_checkpointing": True, "activation_checkpointing_fraction": 0.5}
     ref_m, ref_g = _one_step(tiny_model_dir, groups, eos, **over)
     m, g = _one_step(tiny_model_dir, groups, eos, compile=True, **over)
     assert lp._compiled_chunk_logp is not None  # the compiled chunk ran
