@@ -123,7 +123,8 @@ class Actor:
                                                 and await WeightReceiver(engine).track_requests()):
             self.updates.mode = "finish"
             self._error("actor.in_flight_on_update = \"keep\" is not possible with this vLLM (no pause keeping "
-                        "requests, or no per-request token counts in its model runner): falling back to \"finish\"")
+                        "requests, or no per-request token counts in its model runner; vLLM's V2 GPU model runner has "
+                        "none: VLLM_USE_V2_MODEL_RUNNER=0): falling back to \"finish\"")
 
     async def _engine_up(self, engine) -> None:
         self.stats.engine_restarts = self.supervisor.restarts

