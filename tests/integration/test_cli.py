@@ -94,3 +94,34 @@ def test_a_code_job_where_the_sandbox_cannot_contain_refuses_to_start(tiny_model
     assert "restarting it" not in out
     log = (tmp_path / "run" / "logs" / "actor-0.log").read_text()
     assert "refuses to start" in log
+
+
+def test_the_compose_file_places_each_role_on_its_own_gpu_with_real_settings():
+    """compose.yaml (one host, 4 GPUs): every service runs the one image with the keys read-only; the
+    learner and each actor get GPUs of their own; each command parses as that role's (its flags are real
+    config fields, through the CLI's own parser and loader), and every actor reaches the learner's work
+    port under an id of its own."""
+    import shlex
+
+    import yaml
+
+    from cli import build_parser
+    from cli.common import load
+
+    spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    env = {"BRORL_CONFIG": "brorl-1.5b"}
+    sub = lambda s: re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m[1], m[2]), s)  # noqa: E731
+    gpus, ids, cfgs = [], [], {}
+    for name, svc in spec["services"].items():
+        assert sub(svc["image"]) == "brorl:gpu" and svc["network_mode"] == "host"
+        assert any(sub(v).endswith(":/keys:ro") for v in svc["volumes"]), name
+        gpus += svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        argv = shlex.split(sub(svc["command"]))
+        args, rest = build_parser().parse_known_args(argv)
+        assert args.command == ("learner" if name == "learner" else "actor"), name
+        cfgs[name] = load(args, rest)
+        if name != "learner":
+            ids.append(args.actor_id)
+            assert args.learner_addr == f"tcp://127.0.0.1:{cfgs[name].transport.work_port}"
+    assert sorted(gpus) == ["0", "1", "2", "3"] and len(ids) == len(set(ids)) == 3
+    assert cfgs["learner"].transport.curve and cfgs["learner"].learner.device == "cuda"
