@@ -273,16 +273,16 @@ class LearnerService:
         if self._eval_tasks is None:
             self._eval_tasks = heldout_tasks(self.cfg)
 
-        def run() -> float:
+        def run() -> dict:
             with torch.random.fork_rng():  # sampling here must not shift the training RNG stream
                 torch.manual_seed(r.seed + self.version)
-                return evaluate(self.trainer.model, self.tokenizer, self._eval_tasks, settings(self.cfg))["pass_at_1"]
+                return evaluate(self.trainer.model, self.tokenizer, self._eval_tasks, settings(self.cfg))
 
         t0 = time.monotonic()
-        p = await asyncio.to_thread(run)
-        wall = 0.0 if self._t_first is None else t0 - self._t_first - self._eval_s
-        row = {"step": self.version, "version": self.version, "generated": self.generated_total,
-               "wall_s": wall, "eval_s": time.monotonic() - t0, "pass_at_1": p}
+        res = await asyncio.to_thread(run)
+        p, wall = res["pass_at_1"], 0.0 if self._t_first is None else t0 - self._t_first - self._eval_s
+        row = {"step": self.version, "version": self.version, "generated": self.generated_total, "wall_s": wall,
+               "eval_s": time.monotonic() - t0, "pass_at_1": p, "correct": [q["correct"] for q in res["per_prompt"]]}
         if self._t_first is not None:
             self._eval_s += row["eval_s"]  # wall_s counts training time only
         with open_append(Path(self.cfg.run.run_dir) / "heldout.jsonl") as f:

@@ -90,5 +90,8 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     held = read(run_dir / "heldout.jsonl")
     assert [h["step"] for h in held][0] == 0 and held[-1]["step"] == 10
     assert all(0.0 <= h["pass_at_1"] <= 1.0 for h in held)
+    k = cfg.run.eval_samples  # each held-out prompt's correct count, kept for paired tests (bench.saturation)
+    assert all(len(h["correct"]) == cfg.run.eval_prompts and all(0 <= c <= k for c in h["correct"])
+               and h["pass_at_1"] == pytest.approx(sum(h["correct"]) / (k * len(h["correct"]))) for h in held)
     panel = status_lines(rows, 10, 0, held)
     assert panel[0].startswith("[brorl run] step   10/10") and "10:" in panel[3] and "100.0%" in panel[1]

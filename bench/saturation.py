@@ -1,0 +1,211 @@
+"""The paper's experiment on CPU: saturate the model with ProRL, then broaden (BroRL) or keep scaling steps.
+
+    python -m bench.saturation [--quick] [--seeds 3]
+
+The tiny model after its warm start (the default job's), the synthetic arithmetic task.
+
+Phase 1, ProRL (N = 16, 32 prompts per step, lr 3e-4) for up to `--pro-steps` steps, a held-out estimate
+and a checkpoint every `EVAL` steps. **Saturation criterion:** the first evaluation at which the
+least-squares slope of held-out pass@1 over the last `WINDOW` evaluations, times the window's length in
+steps, is below twice the sampling noise of one estimate (the same prompts at every evaluation, so the
+noise is that of k = 16 samples per prompt: sqrt(Σ p_i(1 - p_i) / k) / n over the n prompts). Phase 2 starts
+from that checkpoint (the last one if the criterion never holds, which is then said).
+
+Phase 2, from the saturated checkpoint (a fresh optimizer for every arm), the same trained samples per arm:
+    ProRL (N = 16):       32 prompts/step,    512 samples/step, lr 3e-4 (continue as before)
+    BroRL (N = 512):      16 prompts/step,  8,192 samples/step, lr 3e-4 · sqrt(8192 / 512) = 1.2e-3
+    BroRL (N = 512, η0):  the same at lr 3e-4 (separates N from the rate)
+Two PPO mini-batches per step in every arm, as in phase 1. BroRL takes 16 prompts per update, half of
+ProRL's 32 (the paper: 128 against 512, with 8 × the samples per step): each of its 2 mini-batches then
+still holds 8 distinct prompts; with 8 prompts per update (`bench.bro_vs_pro`) one update moved the tiny
+model on too few prompts and made it worse. Seeds vary the data order, the sampling and the held-out
+prompts (64 per seed, 16 samples each, T = 0.6); all arms of a seed share them, so the end points are
+compared prompt by prompt: a paired test over (seed, prompt) instances of the per-prompt pass rate
+(the paper's table 5; with ~200 instances the t statistic is read against the normal distribution).
+
+Reports held-out pass@1 against generated samples and against training wall time, the dynamic-sampling
+pass rate per N, and the paired test. Writes bench/results/saturation.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "runs" / "bench" / "saturation"
+BASE_LR, BASE_SAMPLES = 3e-4, 512
+EVAL, WINDOW = 20, 5
+COMMON = {"run.eval_prompts": 64, "run.eval_samples": 16, "learner.num_minibatches": 2}
+ARMS = {
+    "ProRL (N=16)": ({"actor.n_samples": 16, "learner.prompts_per_step": 32, "actor.prompts_per_request": 16}, True),
+    "BroRL (N=512)": ({"actor.n_samples": 512, "learner.prompts_per_step": 16, "actor.prompts_per_request": 4}, True),
+    "BroRL (N=512, η0)": ({"actor.n_samples": 512, "learner.prompts_per_step": 16, "actor.prompts_per_request": 4},
+                          False),
+}
+SLUGS = {"ProRL (N=16)": "prorl", "BroRL (N=512)": "brorl", "BroRL (N=512, η0)": "brorl-eta0"}
+
+
+def noise(row: dict, k: int) -> float:
+    """Sampling noise (one standard error) of a held-out pass@1 estimate on a fixed prompt set."""
+    ps = [c / k for c in row["correct"]]
+    return math.sqrt(sum(p * (1 - p) for p in ps) / k) / len(ps)
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def saturation_step(held: list[dict], k: int, window: int = WINDOW) -> int | None:
+    """The first evaluated step at which the fitted rise over the last `window` evaluations is below twice
+    the noise of one estimate; None if there is none."""
+    for i in range(window - 1, len(held)):
+        pts = held[i - window + 1: i + 1]
+        xs, ys = [h["step"] for h in pts], [h["pass_at_1"] for h in pts]
+        if slope(xs, ys) * (xs[-1] - xs[0]) < 2 * noise(held[i], k):
+            return held[i]["step"]
+    return None
+
+
+def paired(a: list[float], b: list[float]) -> dict:
+    """Paired test of b - a over instances: mean difference, t, two-sided p (normal approximation)."""
+    d = [y - x for x, y in zip(a, b)]
+    m, sd = statistics.mean(d), statistics.stdev(d)
+    t = m / (sd / math.sqrt(len(d))) if sd > 0 else float("inf") * (1 if m > 0 else -1 if m < 0 else 0)
+    p = 2 * (1 - statistics.NormalDist().cdf(abs(t))) if math.isfinite(t) else 0.0
+    return {"n": len(d), "mean_diff": m, "t": t, "p": p}
+
+
+def arm_overrides(arm: str, model: str, train_samples: int, seed: int) -> dict:
+    o, scaled = ARMS[arm]
+    per_step = o["actor.n_samples"] * o["learner.prompts_per_step"]
+    steps = max(1, train_samples // per_step)
+    return {**COMMON, **o, "model.path": model, "learner.steps": steps, "learner.lr": BASE_LR,
+            "learner.lr_base_samples": BASE_SAMPLES if scaled else per_step,
+            "run.eval_interval": max(1, steps // 6), "run.seed": seed, "learner.seed": seed,
+            "learner.checkpoint_interval": steps}
+
+
+def curve(res: dict) -> list[tuple[int, float, float]]:
+    return [(h["generated"], h["wall_s"], h["pass_at_1"]) for h in res["heldout"]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="1 seed, short phases")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--pro-steps", type=int, default=480, help="phase 1: ProRL steps at most")
+    ap.add_argument("--train-samples", type=int, default=49_152, help="phase 2: trained samples per arm")
+    ap.add_argument("--reuse", action="store_true", help="reuse finished runs under runs/bench/saturation")
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.pro_steps, args.train_samples = 1, 60, 16_384
+    from bench.common import brorl_run, load_run, table, write_json
+
+    def run(run_dir: Path, o: dict) -> dict:
+        if args.reuse and (run_dir / "summary.json").exists():
+            return load_run(run_dir)
+        return brorl_run(run_dir, o)
+
+    k = COMMON["run.eval_samples"]
+    p1 = {**COMMON, **ARMS["ProRL (N=16)"][0], "learner.steps": args.pro_steps, "learner.lr": BASE_LR,
+          "learner.lr_base_samples": BASE_SAMPLES, "run.eval_interval": EVAL, "learner.checkpoint_interval": EVAL,
+          "learner.checkpoint_keep": args.pro_steps // EVAL + 1, "run.seed": 0, "learner.seed": 0}
+    print(f"  phase 1: ProRL up to {args.pro_steps} steps ...", file=sys.stderr, flush=True)
+    phase1 = run(OUT / "phase1", p1)
+    sat = saturation_step(phase1["heldout"], k)
+    start = sat if sat is not None else phase1["heldout"][-1]["step"]
+    model = str(OUT / "phase1" / "checkpoints" / f"step-{start:06d}" / "model")
+    print(f"  saturated at step {sat} (criterion); phase 2 starts from step {start}", file=sys.stderr, flush=True)
+
+    runs = []
+    for seed in range(args.seeds):
+        for arm in ARMS:
+            o = arm_overrides(arm, model, args.train_samples, seed)
+            print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
+            res = run(OUT / f"{SLUGS[arm]}-s{seed}", o)
+            m, h = res["metrics"], res["heldout"]
+            runs.append({"arm": arm, "seed": seed, "steps": len(m), "pass_at_1_start": h[0]["pass_at_1"],
+                         "pass_at_1_end": h[-1]["pass_at_1"], "gain": h[-1]["pass_at_1"] - h[0]["pass_at_1"],
+                         "generated": sum(r["generated"] for r in m), "trained": sum(r["samples"] for r in m),
+                         "pass_rate": statistics.mean(r["pass_rate"] for r in m), "train_wall_s": h[-1]["wall_s"],
+                         "correct_start": h[0]["correct"], "correct_end": h[-1]["correct"], "curve": curve(res)})
+            r = runs[-1]
+            print(f"    pass@1 {r['pass_at_1_start']:.3f} -> {r['pass_at_1_end']:.3f}, {r['generated']} generated, "
+                  f"pass rate {r['pass_rate']:.2f}", file=sys.stderr, flush=True)
+
+    def instances(arm: str, key: str) -> list[float]:
+        return [c / k for r in runs if r["arm"] == arm for c in r[key]]
+
+    tests = {arm: paired(instances("ProRL (N=16)", "correct_end"), instances(arm, "correct_end"))
+             for arm in ARMS if arm != "ProRL (N=16)"}
+    tests.update({f"{arm}: end vs start": paired(instances(arm, "correct_start"), instances(arm, "correct_end"))
+                  for arm in ARMS})
+    rows = []
+    for arm in ARMS:
+        rs = [r for r in runs if r["arm"] == arm]
+
+        def ms(key, rs=rs, scale=1.0):
+            xs = [scale * r[key] for r in rs]
+            return f"{statistics.mean(xs):.1f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.1f}"
+
+        rows.append({"arm": arm, "steps": rs[0]["steps"], "pass@1 start %": ms("pass_at_1_start", scale=100),
+                     "pass@1 end %": ms("pass_at_1_end", scale=100), "gain (points)": ms("gain", scale=100),
+                     "generated": ms("generated"), "pass rate %": ms("pass_rate", scale=100),
+                     "train wall s": ms("train_wall_s")})
+    held1 = phase1["heldout"]
+    print("\nPhase 1 (ProRL): held-out pass@1 by step: "
+          + ", ".join(f"{h['step']}: {100 * h['pass_at_1']:.1f}%" for h in held1)
+          + f"\nsaturated at step {sat} (fitted rise over {WINDOW} evaluations < 2 × noise); phase 2 from step {start}")
+    print(f"\nPhase 2, {args.seeds} seed(s), {args.train_samples} trained samples per arm, mean ± std over seeds")
+    print(table(rows, list(rows[0])))
+    print("\nPaired tests over (seed, prompt) instances, per-prompt pass rate (b − a)")
+    print(table([{"comparison": f"{name} vs ProRL (N=16)" if ":" not in name else name, **t}
+                 for name, t in tests.items()], ["comparison", "n", "mean_diff", "t", "p"]))
+    path = write_json("saturation", {"pro_steps": args.pro_steps, "train_samples": args.train_samples,
+                                     "eval_every": EVAL, "window": WINDOW, "saturated_at": sat, "start": start,
+                                     "phase1": [{k2: h[k2] for k2 in ("step", "generated", "wall_s", "pass_at_1")}
+                                                for h in held1],
+                                     "arms": {a: v[0] for a, v in ARMS.items()}, "runs": runs, "table": rows,
+                                     "tests": tests})
+    _plot(held1, sat, runs, path.with_suffix(".png"))
+    print(f"\nwrote {path}")
+
+
+def _plot(held1, sat, runs, out) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    axes[0].plot([h["generated"] for h in held1], [h["pass_at_1"] for h in held1], "o-", color="C0", ms=3)
+    if sat is not None:
+        g = next(h["generated"] for h in held1 if h["step"] == sat)
+        axes[0].axvline(g, color="k", ls=":", label=f"saturated (step {sat})")
+        axes[0].legend(fontsize=8)
+    axes[0].set_title("phase 1: ProRL (N = 16)", fontsize=9)
+    axes[0].set_xlabel("generated samples")
+    for i, arm in enumerate(ARMS):
+        for r in (r for r in runs if r["arm"] == arm):
+            gen, wall, p = zip(*r["curve"])
+            kw = dict(color=f"C{i}", alpha=0.8, marker="o", ms=3, label=arm if r["seed"] == 0 else None)
+            axes[1].plot(gen, p, **kw)
+            axes[2].plot(wall, p, **kw)
+    axes[1].set_xlabel("phase 2: generated samples")
+    axes[2].set_xlabel("phase 2: training wall time, s (evaluation excluded)")
+    for ax in axes:
+        ax.set_ylabel("held-out pass@1")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Saturate with ProRL, then broaden: tiny model on CPU; one line per seed", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
