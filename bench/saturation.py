@@ -5,11 +5,12 @@
 The tiny model after its warm start (the default job's), the synthetic arithmetic task.
 
 Phase 1, ProRL (N = 16, 32 prompts per step, lr 3e-4) for up to `--pro-steps` steps, a held-out estimate
-and a checkpoint every `EVAL` steps. **Saturation criterion:** the first evaluation at which the
-least-squares slope of held-out pass@1 over the last `WINDOW` evaluations, times the window's length in
-steps, is below twice the sampling noise of one estimate (the same prompts at every evaluation, so the
-noise is that of k = 16 samples per prompt: sqrt(Σ p_i(1 - p_i) / k) / n over the n prompts). Phase 2 starts
-from that checkpoint (the last one if the criterion never holds, which is then said).
+and a checkpoint every `EVAL` steps. **Saturation criterion:** held-out pass@1 averaged over a window of
+`WINDOW` evaluations (80 steps) has set no new best, by more than twice its sampling noise, for
+`PATIENCE` evaluations (120 steps). The same prompts are used at every evaluation, so the noise of one
+estimate is that of k = 16 samples per prompt, sqrt(Σ p_i(1 - p_i) / k) / n over the n prompts. Phase 2
+starts from the checkpoint of the step where the criterion holds (the last one if it never does, which
+is then said).
 
 Phase 2, from the saturated checkpoint (a fresh optimizer for every arm), the same trained samples per arm:
     ProRL (N = 16):       32 prompts/step,    512 samples/step, lr 3e-4 (continue as before)
@@ -38,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "bench" / "saturation"
 BASE_LR, BASE_SAMPLES = 3e-4, 512
-EVAL, WINDOW = 20, 5
+EVAL, WINDOW, PATIENCE = 20, 4, 6
 COMMON = {"run.eval_prompts": 64, "run.eval_samples": 16, "learner.num_minibatches": 2}
 ARMS = {
     "ProRL (N=16)": ({"actor.n_samples": 16, "learner.prompts_per_step": 32, "actor.prompts_per_request": 16}, True),
@@ -55,18 +56,19 @@ def noise(row: dict, k: int) -> float:
     return math.sqrt(sum(p * (1 - p) for p in ps) / k) / len(ps)
 
 
-def slope(xs: list[float], ys: list[float]) -> float:
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-
-
-def saturation_step(held: list[dict], k: int, window: int = WINDOW) -> int | None:
-    """The first evaluated step at which the fitted rise over the last `window` evaluations is below twice
-    the noise of one estimate; None if there is none."""
+def saturation_step(held: list[dict], k: int, window: int = WINDOW, patience: int = PATIENCE) -> int | None:
+    """The first evaluated step by which the held-out pass@1, averaged over `window` evaluations, has not
+    set a new best (by more than twice its noise) for `patience` evaluations: progress stopped (or went
+    back); None if that never happens. Window means, not single points: RL on the tiny model swings by
+    several points from one evaluation to the next, and a dip followed by a recovery is not a plateau."""
+    best, best_at = None, 0
     for i in range(window - 1, len(held)):
-        pts = held[i - window + 1: i + 1]
-        xs, ys = [h["step"] for h in pts], [h["pass_at_1"] for h in pts]
-        if slope(xs, ys) * (xs[-1] - xs[0]) < 2 * noise(held[i], k):
+        win = held[i - window + 1: i + 1]
+        mean = statistics.mean(h["pass_at_1"] for h in win)
+        sigma = math.sqrt(sum(noise(h, k) ** 2 for h in win)) / window
+        if best is None or mean > best + 2 * sigma:
+            best, best_at = mean, i
+        elif i - best_at >= patience:
             return held[i]["step"]
     return None
 
@@ -160,7 +162,7 @@ def main() -> None:
     held1 = phase1["heldout"]
     print("\nPhase 1 (ProRL): held-out pass@1 by step: "
           + ", ".join(f"{h['step']}: {100 * h['pass_at_1']:.1f}%" for h in held1)
-          + f"\nsaturated at step {sat} (fitted rise over {WINDOW} evaluations < 2 × noise); phase 2 from step {start}")
+          + f"\nsaturated at step {sat} (no new best of the {WINDOW}-evaluation mean for {PATIENCE} evaluations); phase 2 from step {start}")
     print(f"\nPhase 2, {args.seeds} seed(s), {args.train_samples} trained samples per arm, mean ± std over seeds")
     print(table(rows, list(rows[0])))
     print("\nPaired tests over (seed, prompt) instances, per-prompt pass rate (b − a)")

@@ -428,6 +428,9 @@ class BrorlConfig(_Section):
         if lrn.compile and (lrn.share_prompt or (lrn.backend == "deepspeed" and lrn.zero_stage == 3)):
             raise ValueError("learner.compile works with neither learner.share_prompt nor learner.zero_stage = 3 "
                              "(the shared prompt's key/value cache and ZeRO-3's parameter hooks are not traced)")
+        if lrn.activation_checkpointing_fraction < 1 and not lrn.activation_checkpointing:
+            raise ValueError(f"learner.activation_checkpointing_fraction = {lrn.activation_checkpointing_fraction} "
+                             f"with learner.activation_checkpointing off: nothing is recomputed; turn it on")
         check_fields(self)  # GPU placement: double booking, counts (the hardware is checked at launch)
         if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
             raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")

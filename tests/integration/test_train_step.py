@@ -290,13 +290,15 @@ def test_compiled_layers_and_log_probs_give_the_eager_step(tiny_model_dir):
             torch.testing.assert_close(mine[k], v, rtol=1e-4, atol=1e-5 * max(scale, 1e-3), msg=lambda s: f"{k}: {s}")
 
 
-def test_compile_refuses_the_shared_prompt_and_zero3():
+def test_compile_refuses_the_shared_prompt_and_zero3_and_a_fraction_needs_checkpointing():
     from config.schema import BrorlConfig
 
     for bad in ({"compile": True, "share_prompt": True},
                 {"compile": True, "backend": "deepspeed", "zero_stage": 3}):
         with pytest.raises(ValueError, match="learner.compile"):
             BrorlConfig(learner=bad)
+    with pytest.raises(ValueError, match="activation_checkpointing_fraction = 0.5 with learner.activation_checkpointing off"):
+        BrorlConfig(learner={"activation_checkpointing_fraction": 0.5})
 
 
 def test_micro_batches_respect_the_budget_and_even_out_across_ranks():

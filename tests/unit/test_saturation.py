@@ -21,13 +21,18 @@ def test_noise_is_the_standard_error_of_the_mean_over_a_fixed_prompt_set():
     assert noise(row(0, 0.0), K) == 0.0  # nothing to sample: no noise
 
 
-def test_saturation_is_the_first_window_whose_fitted_rise_is_within_noise():
-    rising = [row(20 * i, 0.1 + 0.05 * i) for i in range(8)]  # +5 points per evaluation: never saturated
+def test_saturation_is_where_the_window_mean_sets_no_new_best_for_a_while():
+    rising = [row(20 * i, 0.1 + 0.03 * i) for i in range(20)]  # +3 points per evaluation: never saturated
     assert saturation_step(rising, K) is None
-    flat_after = [row(20 * i, min(0.1 + 0.1 * i, 0.5)) for i in range(10)]  # flat from step 80 on
-    # the window of 5 evaluations ending at step 160 is the first wholly flat one
-    assert saturation_step(flat_after, K) == 160
-    assert saturation_step(flat_after, K, window=3) == 120
+    flat_after = [row(20 * i, min(0.1 + 0.1 * i, 0.5)) for i in range(16)]  # flat from step 80 on
+    # the window mean (4 evaluations) is last bettered at step 140 (all four at 0.5); 6 evaluations later
+    assert saturation_step(flat_after, K) == 260
+    assert saturation_step(flat_after, K, window=2, patience=3) == 160
+    # a dip shorter than the patience and its recovery: not a plateau; the bests after it (up to step 220)
+    # restart the count
+    swing = [row(20 * i, p) for i, p in enumerate([0.1, 0.2, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1, 0.4, 0.4, 0.4, 0.4]
+                                                   + [0.4] * 6)]
+    assert saturation_step(swing, K) == 340
 
 
 def test_paired_test_signs_and_significance():
