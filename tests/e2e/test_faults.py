@@ -56,11 +56,19 @@ def working(run_dir: Path, actor: str) -> bool:
 
 
 def nice(la: Launcher, roles: list[str], value: int) -> None:
-    """Set the scheduling priority of these roles' processes (and their engines)."""
+    """Set the scheduling priority of these roles' processes (and their engines). Each role runs in a
+    session of its own, and where the kernel groups sessions for scheduling (autogroup), a process's nice
+    value only ranks it within its session: the session's own nice value (/proc/PID/autogroup) is what
+    ranks it against the other roles, so both are set."""
     for pid in (p for r in roles for p in tree(la.procs[r].pid)):
         try:
             os.setpriority(os.PRIO_PROCESS, pid, value)
         except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write(str(value))
+        except OSError:  # no autogroup in this kernel, or not allowed to lower it: the process nice stands
             pass
 
 
