@@ -134,6 +134,10 @@ def test_sigkill_of_one_of_two_actors_costs_seconds(warm_model_dir, tmp_path):
             state["gap"] = max(b - a for a, b in zip(t, t[1:]))
             nice(la, ["learner", "actor-0"], 19)
             state["yielded"] = True
+        elif "yielded" in state and "restored" not in state and \
+                len({r["incarnation"] for r in granted_to(tmp_path, "actor-1")}) > 1:
+            nice(la, ["learner", "actor-0"], 0)  # the replacement works: the learner must not starve now
+            state["restored"] = True
 
     def done(la):  # the replacement has worked and a few more steps were trained
         incs = {r["incarnation"] for r in granted_to(tmp_path, "actor-1")}
