@@ -106,6 +106,17 @@ def main() -> None:
     print(f"\nwrote {path}")
 
 
+def plot_curves(ax_gen, ax_wall, runs: list[dict], arms) -> None:
+    """Held-out pass@1 of each run (its `curve` of (generated, wall s, pass@1)) against generated samples
+    and against wall time: one colour per arm, one line per seed."""
+    for i, arm in enumerate(arms):
+        for r in (r for r in runs if r["arm"] == arm):
+            gen, wall, p = zip(*r["curve"])
+            kw = dict(color=f"C{i}", alpha=0.8, marker="o", ms=3, label=arm if r["seed"] == 0 else None)
+            ax_gen.plot(gen, p, **kw)
+            ax_wall.plot(wall, p, **kw)
+
+
 def _plot(runs, out) -> None:
     import matplotlib
 
@@ -113,12 +124,7 @@ def _plot(runs, out) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for i, arm in enumerate(ARMS):
-        for r in (r for r in runs if r["arm"] == arm):
-            gen, wall, p = zip(*r["curve"])
-            kw = dict(color=f"C{i}", alpha=0.8, marker="o", ms=3, label=arm if r["seed"] == 0 else None)
-            axes[0].plot(gen, p, **kw)
-            axes[1].plot(wall, p, **kw)
+    plot_curves(axes[0], axes[1], runs, ARMS)
     axes[0].set_xlabel("generated samples")
     axes[1].set_xlabel("training wall time, s (evaluation excluded)")
     for ax in axes:

@@ -165,6 +165,8 @@ def side_by_side(one, kind: str, cases: list[dict]) -> list[dict]:
 
     import torch
 
+    from config.placement import visible_env
+
     gpus = queue.Queue()
     for g in range(max(1, torch.cuda.device_count())):
         gpus.put(g)
@@ -172,7 +174,7 @@ def side_by_side(one, kind: str, cases: list[dict]) -> list[dict]:
     def on_a_gpu(p: dict) -> dict:
         g = gpus.get()
         try:
-            r = one(kind, p, {"CUDA_VISIBLE_DEVICES": str(g)})
+            r = one(kind, p, {"CUDA_VISIBLE_DEVICES": visible_env([g], os.environ.get("CUDA_VISIBLE_DEVICES"))})
             print(f"  {kind} {p}: {r.get('tokens_per_s', 0):.0f} tokens/s, MFU {r.get('mfu', 0):.3f}", file=sys.stderr)
             return r
         finally:

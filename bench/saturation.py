@@ -184,6 +184,8 @@ def _plot(held1, sat, runs, out) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bench.bro_vs_pro import plot_curves
+
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     axes[0].plot([h["generated"] for h in held1], [h["pass_at_1"] for h in held1], "o-", color="C0", ms=3)
     if sat is not None:
@@ -192,12 +194,7 @@ def _plot(held1, sat, runs, out) -> None:
         axes[0].legend(fontsize=8)
     axes[0].set_title("phase 1: ProRL (N = 16)", fontsize=9)
     axes[0].set_xlabel("generated samples")
-    for i, arm in enumerate(ARMS):
-        for r in (r for r in runs if r["arm"] == arm):
-            gen, wall, p = zip(*r["curve"])
-            kw = dict(color=f"C{i}", alpha=0.8, marker="o", ms=3, label=arm if r["seed"] == 0 else None)
-            axes[1].plot(gen, p, **kw)
-            axes[2].plot(wall, p, **kw)
+    plot_curves(axes[1], axes[2], runs, ARMS)
     axes[1].set_xlabel("phase 2: generated samples")
     axes[2].set_xlabel("phase 2: training wall time, s (evaluation excluded)")
     for ax in axes:

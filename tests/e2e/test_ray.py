@@ -34,7 +34,7 @@ def ray_cluster(monkeypatch):
     subprocess.run([*RAY, "start", "--head", f"--port={port}", "--num-cpus=4", "--object-store-memory=100000000",
                     "--include-dashboard=false", "--disable-usage-stats", "--min-worker-port=30000",
                     "--max-worker-port=30999"], check=True, env=env, timeout=180, capture_output=True)
-    started = [pid for pid in psutil.pids() if pid not in before]
+    started = [pid for pid in psutil.pids() if pid not in before and _is_ray(pid)]  # not whatever else started
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -53,6 +53,15 @@ def ray_cluster(monkeypatch):
         _, alive = psutil.wait_procs(ours, timeout=10)
         for p in alive:
             p.kill()
+
+
+def _is_ray(pid: int) -> bool:
+    """A process of Ray's own (its daemons run from the ray package, its workers are named ray::…)."""
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+    return "/ray/" in cmd or cmd.startswith("ray::")
 
 
 def test_ray_restarts_a_killed_actor_and_the_job_loses_nothing(warm_model_dir, tmp_path, ray_cluster):
