@@ -37,6 +37,18 @@ from cli.launcher import Launcher, _die_with_parent, _kill_group
 from config.schema import BrorlConfig
 
 
+def _role_preexec() -> None:
+    """In the role's process before it starts: die with its host, and run at the node's normal priority.
+    Ray starts its workers at nice 15 to keep its own daemons responsive; a role inheriting that would lose
+    the CPU to any ordinary process on the node. Lowering nice needs CAP_SYS_NICE (root in a container has
+    it); without it the role stays where Ray put it (the host says so)."""
+    _die_with_parent()
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except PermissionError:
+        pass
+
+
 class RoleHost:
     """A Ray actor holding one role's process (decorated with `ray.remote` when the launcher starts)."""
 
@@ -50,9 +62,13 @@ class RoleHost:
         self.name, self.restartable, self.stopping = name, restartable, False
         self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=_role_preexec)
         self.log = run / "logs" / f"{name}.log"
         threading.Thread(target=self._pump, daemon=True).start()
+        nice = os.getpriority(os.PRIO_PROCESS, self.proc.pid)
+        if nice > 0:
+            print(f"[{name}] runs at nice {nice}, the priority Ray gives its workers (lowering it needs "
+                  f"CAP_SYS_NICE): other work on this node comes first", flush=True)
 
     def _pump(self) -> None:
         """The role's output into its log file and, line by line, to this worker's stdout (Ray streams it to
@@ -147,10 +163,15 @@ class RayLauncher(Launcher):
         else:
             ray.init(address=address, log_to_driver=True)
         self._ray_remote = ray.remote(RoleHost)
+        self._nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
         super().__init__(cfg, resume=resume, quiet=quiet, gpus=int(ray.cluster_resources().get("GPU", 0)))
 
-    def gpu_env(self, name: str) -> dict[str, str]:
-        return {}  # Ray sets CUDA_VISIBLE_DEVICES for the GPUs it grants the role's host
+    def device_env(self, name: str) -> dict[str, str]:
+        """Ray sets CUDA_VISIBLE_DEVICES for the GPUs it grants the role's host. CPU actors' cores are split as on
+        one host (`Launcher.device_env`) when the cluster is this one host; on several, vLLM binds its own."""
+        if self.placement.actors or name == "learner" or self._nodes > 1:
+            return {}
+        return super().device_env(name)
 
     def _gpus_of(self, name: str) -> int:
         p = self.placement
@@ -165,7 +186,7 @@ class RayLauncher(Launcher):
         host = self._ray_remote.options(
             num_cpus=1, num_gpus=self._gpus_of(name), max_restarts=0 if learner else self.cfg.run.max_actor_restarts,
             max_task_retries=0, max_concurrency=4,  # status and signals answer while the pump runs
-        ).remote(name, args, self.gpu_env(name), str(self.run_dir), to_toml(self.cfg), not learner)
+        ).remote(name, args, self.device_env(name), str(self.run_dir), to_toml(self.cfg), not learner)
         p = RayRole(name, host)
         self.procs[name] = p
         self._started_at[name] = time.monotonic()

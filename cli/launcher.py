@@ -32,7 +32,7 @@ from pathlib import Path
 from actors.verifier_set import EXIT_REFUSED  # `brorl actor` cannot work as configured: never restarted
 from cli.display import status_lines
 from config.loader import ConfigError, to_toml
-from config.placement import Placement, place, visible_env
+from config.placement import Placement, cpu_cores, place, visible_env
 from config.schema import BrorlConfig
 from learner import metrics as metrics_mod
 
@@ -109,7 +109,7 @@ class Launcher:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._rotate(name)
         log = open(self.logs / f"{name}.log", "ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.gpu_env(name)}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.device_env(name)}
         p = subprocess.Popen(_brorl(*args), stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
@@ -117,10 +117,18 @@ class Launcher:
         self._started_at[name] = time.monotonic()
         return p
 
-    def gpu_env(self, name: str) -> dict[str, str]:
-        """The role's `CUDA_VISIBLE_DEVICES`: only its own GPUs (none set where nothing is placed)."""
+    def device_env(self, name: str) -> dict[str, str]:
+        """What the role's process may use: its own GPUs (`CUDA_VISIBLE_DEVICES`), or for an actor of several on
+        the CPU its own cores (`VLLM_CPU_OMP_THREADS_BIND`, unless set for the job). Empty: nothing placed."""
         p = self.placement
-        gpus = p.learner if name == "learner" else p.actors[int(name.rsplit("-", 1)[1])] if p.actors else []
+        if name == "learner":
+            gpus = p.learner
+        elif p.actors:
+            gpus = p.actors[int(name.rsplit("-", 1)[1])]
+        else:
+            cores = cpu_cores(int(name.rsplit("-", 1)[1]), self.cfg.actor.num_actors, sorted(os.sched_getaffinity(0)))
+            bound = cores is None or "VLLM_CPU_OMP_THREADS_BIND" in os.environ
+            return {} if bound else {"VLLM_CPU_OMP_THREADS_BIND": cores}
         return {"CUDA_VISIBLE_DEVICES": visible_env(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))} if gpus else {}
 
     def _rotate(self, name: str) -> None:

@@ -5,6 +5,11 @@ names, if `learner.device` names one); each actor takes `actor.tensor_parallel_s
 `actor.gpus`, or by default of the GPUs the learner does not use. Each role's process is then started
 seeing only its own GPUs (`CUDA_VISIBLE_DEVICES`), so inside it they are cuda:0, cuda:1, ...
 
+On the CPU (no GPU placed), several actors on one host would each let vLLM bind its engine's threads
+automatically, and its automatic binding takes the same first core for every engine: the engines then
+share one core while the others idle. `cpu_cores` splits this host's cores between the actors instead
+(vLLM's `VLLM_CPU_OMP_THREADS_BIND`); a single actor keeps vLLM's own binding.
+
 `check_fields` runs when a config loads (what needs no hardware: double booking, counts); `place` when a
 job starts, with the number of GPUs this host shows (too few GPUs, ordinals that do not exist). Both
 raise `ValueError` naming the fields to change. With no GPU visible nothing is placed: the CPU engines
@@ -114,6 +119,18 @@ def place(cfg: BrorlConfig, visible: int) -> Placement:
                              f"actor.num_actors, or place the roles with learner.gpus / actor.gpus")
         pool = pool[:need]
     return Placement(learner, [pool[i * tp:(i + 1) * tp] for i in range(act.num_actors)])
+
+
+def cpu_cores(actor: int, num_actors: int, allowed: list[int]) -> str | None:
+    """The cores that actor `actor` of `num_actors` CPU actors on this host binds its
+    engine's threads to ("0,1"): an even, contiguous share of `allowed` (this process's cores), at least one core each
+    (with more actors than cores, they share round the cores). None for a single actor: vLLM's own binding."""
+    if num_actors < 2 or not allowed:
+        return None
+    cores = sorted(allowed)
+    share = max(1, len(cores) // num_actors)
+    first = (actor * share) % len(cores)
+    return ",".join(map(str, cores[first:first + share]))
 
 
 def visible_env(gpus: list[int], parent: str | None) -> str:

@@ -26,10 +26,9 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from transport.weights import (
     WeightPlan,
-    bucket_checksum,
-    broadcast_bucket,
-    combine_checksums,
     open_group,
+    receive_buckets,
+    release_group,
     unpack_bucket,
 )
 
@@ -93,20 +92,17 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         if self.pg is None:
             raise RuntimeError("brorl_gloo: update before init_weight_transfer_engine")
         plan = WeightPlan(update_info.names, update_info.dtype_names, update_info.shapes, update_info.buckets)
-        sums = []
-        for first, last, nbytes in plan.buckets:
-            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device if self.backend == "nccl" else "cpu")
-            broadcast_bucket(self.pg, flat)
-            sums.append(bucket_checksum(flat))
-            self.model.load_weights(unpack_bucket(flat, plan, first, last))
+        device = self.device if self.backend == "nccl" else "cpu"
+        self.checksum = receive_buckets(self.pg, plan, device,
+                                        lambda flat, a, b: self.model.load_weights(unpack_bucket(flat, plan, a, b)))
         self.version = update_info.version
-        self.checksum = combine_checksums(sums)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # vLLM 0.32's base class synchronizes an accelerator afterwards; on CPU there is none to wait on.
         self.receive_weights(self.parse_update_info(update_info))
 
     def shutdown(self) -> None:
+        release_group(self.pg)
         self.pg, self._store = None, None
 
     @classmethod

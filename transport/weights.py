@@ -17,7 +17,9 @@ Protocol:
      grow).
   2. Update (every policy version): the learner publishes `Control("version", {"version": v})`, actors
      call start/update/finish; the learner broadcasts the parameters in buckets of at most `bucket_mb`
-     MiB (so the extra memory is one bucket per side, whatever the model size), in the plan's order.
+     MiB, in the plan's order, packing (and on a receiver loading) one bucket while the previous one is on the
+     wire: the extra memory is two buckets on the learner and at most three on a receiver, whatever the
+     model size.
   3. Check: each actor reports (version, checksum) of the bytes it loaded; the learner compares them
      with its own (`weights_checksum`).
 A receiver that is missing or dead makes the broadcast fail within `timeout_s` (the gloo group's
@@ -32,7 +34,7 @@ import datetime
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -121,26 +123,40 @@ def bucket_checksum(flat: torch.Tensor) -> int:
     changed, missing or moved word; integer sums wrap mod 2^64 in any order, so CPU and GPU agree bit for
     bit. Computed as a row and a column reduction of a [R, 1024] view, two memory-bound passes without
     large temporaries (the learner and every receiver pay it per update)."""
+    return int(bucket_checksum_tensor(flat).item()) & MASK64
+
+
+def bucket_checksum_tensor(flat: torch.Tensor) -> torch.Tensor:
+    """`bucket_checksum` as a 0-d int64 tensor on the bucket's device, computed without waiting for the device
+    (a GPU sender or receiver reads every bucket's checksum once, at the end of the update)."""
     if flat.storage_offset() % 8 or not flat.is_contiguous():
         flat = flat.contiguous().clone()
     n8 = flat.numel() // 8
     words = flat[: n8 * 8].view(torch.int64)
     cols_n = 1024
     rows_n = n8 // cols_n
-    s1 = s2 = 0
     dev = flat.device
+    s1 = s2 = torch.zeros((), dtype=torch.int64, device=dev)
     if rows_n:
         block = words[: rows_n * cols_n].view(rows_n, cols_n)
         rows, cols = block.sum(dim=1), block.sum(dim=0)
-        s1 += int(rows.sum().item())
-        s2 += cols_n * int((torch.arange(rows_n, device=dev, dtype=torch.int64) * rows).sum().item())
-        s2 += int((torch.arange(1, cols_n + 1, device=dev, dtype=torch.int64) * cols).sum().item())
+        s1 = s1 + rows.sum()
+        s2 = s2 + cols_n * (torch.arange(rows_n, device=dev, dtype=torch.int64) * rows).sum()
+        s2 = s2 + (torch.arange(1, cols_n + 1, device=dev, dtype=torch.int64) * cols).sum()
     rest = torch.cat([words[rows_n * cols_n:], flat[n8 * 8:].to(torch.int64)])  # < 1032 values
     if rest.numel():
         first = rows_n * cols_n + 1
-        s1 += int(rest.sum().item())
-        s2 += int((torch.arange(first, first + rest.numel(), device=dev, dtype=torch.int64) * rest).sum().item())
-    return (s2 + s1 * 0x9E3779B97F4A7C15) & MASK64
+        s1 = s1 + rest.sum()
+        s2 = s2 + (torch.arange(first, first + rest.numel(), device=dev, dtype=torch.int64) * rest).sum()
+    return s2 + s1 * _K_SIGNED  # int64 arithmetic wraps mod 2^64: the same bits as the unsigned formula
+
+
+_K_SIGNED = 0x9E3779B97F4A7C15 - (1 << 64)
+
+
+def checksum_values(sums: list[torch.Tensor]) -> list[int]:
+    """The per-bucket checksums of `bucket_checksum_tensor` as unsigned ints (one device read for all)."""
+    return [v & MASK64 for v in torch.stack(sums).tolist()] if sums else []
 
 
 def combine_checksums(per_bucket: list[int]) -> str:
@@ -240,20 +256,34 @@ def open_group(host: str, port: int, rank: int, world_size: int, group_name: str
     return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts), store
 
 
-def broadcast_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset()) -> set[int]:
-    """One bucket from rank 0 to every other rank of `pg`; rank 0 gets back the ranks it could not reach.
+def start_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset(),
+                 timeout_s: float = 120.0) -> Callable[[], set[int]]:
+    """Start moving one bucket from rank 0 to every other rank of `pg`; returns `finish`, which waits until it
+    has arrived (or left, on rank 0) and gives rank 0 the ranks it could not reach. Between the two the
+    caller prepares the next bucket: packing or loading overlaps the wire.
 
     NCCL (`flat` on a GPU): one collective broadcast — the fastest path, and a dead rank breaks an NCCL
-    communicator whatever the pattern. gloo: rank 0 sends the bucket to each receiver point to point, so a
+    communicator whatever the pattern; `finish` waits on the host (within `timeout_s`), so that no more than
+    two buckets are ever in flight. gloo: rank 0 sends the bucket to each receiver point to point, so a
     receiver that died fails only its own transfer and every other receiver still gets the whole update
     (in a tree broadcast the survivors would wait inside their receive, up to the timeout, for a forwarder
     that is gone). `skip`: ranks that failed an earlier bucket of this update (not sent to again)."""
     if flat.is_cuda:
-        pg.broadcast([flat]).wait()
-        return set()
+        work = pg.broadcast([flat])
+
+        def finish_nccl() -> set[int]:
+            end = time.monotonic() + timeout_s
+            while not work.is_completed():
+                if time.monotonic() > end:
+                    raise WeightSyncError(f"a {flat.numel()}-byte bucket did not arrive within {timeout_s:g} s")
+                time.sleep(0.0002)
+            work.wait()  # raises what the collective failed with
+            return set()
+
+        return finish_nccl
     if pg.rank() != 0:
-        pg.recv([flat], 0, 0).wait()
-        return set()
+        work = pg.recv([flat], 0, 0)
+        return lambda: (work.wait(), set())[1]
     failed, works = set(), {}
     for dst in range(1, pg.size()):
         if dst not in skip:
@@ -261,12 +291,43 @@ def broadcast_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozen
                 works[dst] = pg.send([flat], dst, 0)
             except Exception:
                 failed.add(dst)
-    for dst, work in works.items():
-        try:
-            work.wait()
-        except Exception:
-            failed.add(dst)
-    return failed
+
+    def finish_gloo() -> set[int]:
+        for dst, work in works.items():
+            try:
+                work.wait()
+            except Exception:
+                failed.add(dst)
+        return failed
+
+    return finish_gloo
+
+
+def broadcast_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset()) -> set[int]:
+    """One bucket from rank 0 to every other rank of `pg`, start to finish (`start_bucket`)."""
+    return start_bucket(pg, flat, skip)()
+
+
+def receive_buckets(pg, plan: WeightPlan, device: torch.device | str = "cpu",
+                    load: Callable[[torch.Tensor, int, int], None] | None = None, timeout_s: float = 120.0) -> str:
+    """A receiver's side of one update: every bucket of `plan`, each checksummed and handed to
+    `load(flat, first, last)` while the next is already on the wire; returns the update's checksum. Each
+    bucket gets a buffer of its own (a loader may keep views of it), at most three at a time."""
+    buckets, sums = plan.buckets, []
+
+    def post(i: int):
+        flat = torch.empty(buckets[i][2], dtype=torch.uint8, device=device)
+        return flat, start_bucket(pg, flat, timeout_s=timeout_s)
+
+    nxt = post(0) if buckets else None
+    for i, (first, last, _n) in enumerate(buckets):
+        flat, finish = nxt
+        finish()
+        nxt = post(i + 1) if i + 1 < len(buckets) else None
+        sums.append(bucket_checksum_tensor(flat))
+        if load is not None:
+            load(flat, first, last)
+    return combine_checksums(checksum_values(sums))
 
 
 class WeightBroadcaster:
@@ -289,7 +350,8 @@ class WeightBroadcaster:
         self._store = None
         self.world_size = 1
         self.last_split: dict[str, float] = {}
-        """Seconds of the last broadcast spent packing buckets, on the wire and checksumming."""
+        """Host seconds of the last broadcast spent packing buckets, checksumming them and waiting for the wire
+        (packing and checksumming overlap the transfer; on a GPU they are queued, not waited for)."""
 
     def rendezvous_info(self, port: int, workers: list[int]) -> tuple[dict[str, Any], list[int]]:
         """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset."""
@@ -318,30 +380,43 @@ class WeightBroadcaster:
         yield [t for _, t in self.named_params()][first:last]
 
     def _send_all(self) -> str:
-        sums = []
-        split = {"pack_s": 0.0, "comm_s": 0.0, "checksum_s": 0.0}
+        """Every bucket, pipelined: bucket i is packed and checksummed while bucket i - 1 is on the wire (on a
+        GPU the packing kernels queue on the compute stream beside NCCL's), so at most two are alive; the
+        checksums are read once, at the end."""
+        sums: list[torch.Tensor] = []
+        split = {"pack_s": 0.0, "checksum_s": 0.0, "wait_s": 0.0}
         failed: set[int] = set()
+        finish = None
+        device = torch.device("cpu")
         for a, b, n in self.plan.buckets:
             t0 = time.perf_counter()
             with self.bucket_tensors(a, b) as tensors:
                 device = tensors[0].device if self.backend == "nccl" else torch.device("cpu")
                 flat = pack_bucket(tensors, n, device, self.dtype)
             t1 = time.perf_counter()
-            failed |= broadcast_bucket(self.pg, flat, failed)
-            if failed and len(failed) == self.world_size - 1:
-                break  # nobody left to send to
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            sums.append(bucket_checksum_tensor(flat))
             t2 = time.perf_counter()
-            sums.append(bucket_checksum(flat))
+            if finish is not None:
+                failed |= finish()
+                finish = None
+                if failed and len(failed) == self.world_size - 1:
+                    break  # nobody left to send to
+            t3 = time.perf_counter()
+            finish = start_bucket(self.pg, flat, failed, self.timeout_s)
             split["pack_s"] += t1 - t0
-            split["comm_s"] += t2 - t1
-            split["checksum_s"] += time.perf_counter() - t2
+            split["checksum_s"] += t2 - t1
+            split["wait_s"] += t3 - t2
+        t3 = time.perf_counter()
+        if finish is not None:
+            failed |= finish()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        split["wait_s"] += time.perf_counter() - t3
         self.last_split = split
         if failed:  # the others received all of it; these did not
             raise WeightSyncError(f"receivers at ranks {sorted(failed)} of {self.world_size - 1} failed; the "
                                   f"others received the whole update")
-        return combine_checksums(sums)
+        return combine_checksums(checksum_values(sums))
 
     async def broadcast(self) -> str:
         """Send every bucket; returns the checksum the receivers must report."""
@@ -354,7 +429,19 @@ class WeightBroadcaster:
             raise WeightSyncError(f"weight broadcast failed: {type(e).__name__}: {str(e)[:300]}") from e
 
     def close(self) -> None:
+        release_group(self.pg)
         self.pg, self._store = None, None
+
+
+def release_group(pg) -> None:
+    """Let go of a weight group now. An NCCL communicator is aborted: left to its destructor, it would wait
+    for its kernels, and a broadcast stuck on a receiver that died never ends (the process then hangs at
+    exit). gloo needs nothing."""
+    if pg is not None and "NCCL" in type(pg).__name__:
+        try:
+            pg.abort()
+        except Exception:  # already aborted by its watchdog
+            pass
 
 
 class WeightReceiver:

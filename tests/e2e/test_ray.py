@@ -56,12 +56,13 @@ def ray_cluster(monkeypatch):
 
 
 def _is_ray(pid: int) -> bool:
-    """A process of Ray's own (its daemons run from the ray package, its workers are named ray::…)."""
+    """A process of Ray's own: its daemons run from the ray package (a path in it, or `-m ray.…` like the client
+    server), its workers are named ray::…."""
     try:
         cmd = " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False
-    return "/ray/" in cmd or cmd.startswith("ray::")
+    return "/ray/" in cmd or " -m ray." in cmd or cmd.startswith("ray::")
 
 
 def test_ray_restarts_a_killed_actor_and_the_job_loses_nothing(warm_model_dir, tmp_path, ray_cluster):
@@ -73,6 +74,9 @@ def test_ray_restarts_a_killed_actor_and_the_job_loses_nothing(warm_model_dir, t
     try:
         la.start()
         assert la.placement.learner == [] and set(la.procs) == {"learner", "actor-0", "actor-1"}
+        for p in la.procs.values():  # Ray's workers run at nice 15; the roles at the node's normal priority
+            p.poll()
+            assert os.getpriority(os.PRIO_PROCESS, p.pid) == 0, p.name
         end = time.monotonic() + 900
         while la.procs["learner"].poll() is None:
             assert time.monotonic() < end, f"the job did not get there: {state}"
@@ -82,8 +86,6 @@ def test_ray_restarts_a_killed_actor_and_the_job_loses_nothing(warm_model_dir, t
             # until actor-1's current incarnation works (the first, then the one Ray restarts)
             ready = len(incs) == (2 if "killed" in state else 1)
             nice(la, ["learner", "actor-0"], 0 if ready else 19)
-            if not ready:  # Ray runs its workers, and so the roles, at nice 15: lift the starting one (as root)
-                nice(la, ["actor-1"], 0)
             if "killed" not in state and incs and working(run, "actor-0") and steps_done(run) >= 3:
                 state["host"] = la.procs["actor-1"].host_pid
                 os.kill(state["host"], signal.SIGKILL)  # the Ray actor itself, by pid

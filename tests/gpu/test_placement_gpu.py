@@ -23,7 +23,7 @@ def test_each_role_sees_only_its_own_gpus(tmp_path):
     la = Launcher(cfg, quiet=True)  # counts the GPUs itself
     assert la.placement.learner == [n - 1] and la.placement.actors == [[i] for i in range(n - 1)]
     for name, want in [("learner", [n - 1]), *((f"actor-{i}", [i]) for i in range(n - 1))]:
-        seen = subprocess.run([sys.executable, "-c", UUID], env={**os.environ, **la.gpu_env(name)},
+        seen = subprocess.run([sys.executable, "-c", UUID], env={**os.environ, **la.device_env(name)},
                               capture_output=True, text=True, check=True).stdout.split()
         assert seen == [mine[g] for g in want], name
 

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import subprocess
 import sys
@@ -12,9 +13,13 @@ from transport.weights import (
     open_group,
     WeightBroadcaster,
     WeightSyncError,
+    WeightPlan,
     bucket_checksum,
+    bucket_checksum_tensor,
     make_plan,
     pack_bucket,
+    receive_buckets,
+    release_group,
     unpack_bucket,
     weights_checksum,
 )
@@ -53,6 +58,96 @@ def test_checksum_detects_any_change():
     swapped = flat.clone()
     swapped[[3, 40]] = swapped[[40, 3]]
     assert bucket_checksum(flat) != bucket_checksum(swapped)
+
+
+def test_the_checksum_is_its_definition_on_any_length():
+    """(S2 + K·S1) mod 2^64 over 64-bit little-endian words w_p (S1 = Σ w_p, S2 = Σ (p+1)·w_p; trailing bytes
+    are words of their own), computed here with Python integers; the device-side tensor form agrees."""
+    g = torch.Generator().manual_seed(1)
+    for n in (0, 1, 7, 8, 9, 8191, 8192, 8200, 3 * 8192 + 13):
+        flat = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+        raw = bytes(flat.tolist())
+        words = [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, n - n % 8, 8)]
+        words += list(raw[n - n % 8:])
+        s1, s2 = sum(words), sum((p + 1) * w for p, w in enumerate(words))
+        want = (s2 + s1 * 0x9E3779B97F4A7C15) % 2**64
+        assert bucket_checksum(flat) == want == int(bucket_checksum_tensor(flat)) % 2**64, n
+
+
+class _Work:
+    def __init__(self, log, what):
+        self.log, self.what = log, what
+
+    def wait(self):
+        self.log.append(("arrived", self.what))
+
+
+class _Pg:
+    """Records the order of a transfer's steps (the real groups are exercised by the tests below)."""
+
+    def __init__(self, rank, size=2):
+        self._rank, self._size, self.log, self.n = rank, size, [], 0
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+    def recv(self, tensors, src, tag):
+        self.n += 1
+        self.log.append(("posted", self.n))
+        tensors[0].fill_(self.n)
+        return _Work(self.log, self.n)
+
+    def send(self, tensors, dst, tag):
+        self.n += 1
+        self.log.append(("posted", self.n))
+        return _Work(self.log, self.n)
+
+
+def test_a_receiver_has_the_next_bucket_on_the_wire_while_it_loads_this_one():
+    plan = WeightPlan(["a", "b", "c"], ["uint8"] * 3, [[16]] * 3, [[0, 1, 16], [1, 2, 16], [2, 3, 16]])
+    pg = _Pg(rank=1)
+    loaded = []
+    receive_buckets(pg, plan, load=lambda flat, a, b: (pg.log.append(("loaded", a + 1)), loaded.append(flat)))
+    assert pg.log == [("posted", 1), ("arrived", 1), ("posted", 2), ("loaded", 1), ("arrived", 2), ("posted", 3),
+                      ("loaded", 2), ("arrived", 3), ("loaded", 3)]
+    assert [int(f[0]) for f in loaded] == [1, 2, 3]  # each bucket in a buffer of its own
+
+
+def test_the_learner_packs_the_next_bucket_while_the_previous_one_is_on_the_wire():
+    params = {f"p{i}": torch.full((4,), float(i)) for i in range(3)}
+    wb = WeightBroadcaster(lambda: params.items(), bucket_mb=16 / 2**20)  # one tensor per bucket
+    wb.pg, wb.world_size = _Pg(rank=0), 2
+    plan_entries = wb.bucket_tensors
+
+    @contextlib.contextmanager
+    def packing(a, b):
+        wb.pg.log.append(("packing", a + 1))
+        with plan_entries(a, b) as ts:
+            yield ts
+
+    wb.bucket_tensors = packing
+    assert wb._send_all() == weights_checksum(params.items(), wb.plan)
+    assert wb.pg.log == [("packing", 1), ("posted", 1), ("packing", 2), ("arrived", 1), ("posted", 2),
+                         ("packing", 3), ("arrived", 2), ("posted", 3), ("arrived", 3)]
+
+
+def test_closing_aborts_an_nccl_group_and_leaves_gloo_alone():
+    """A broadcast stuck on a dead receiver never ends: an NCCL group is aborted when let go, not left to a
+    destructor that would wait for it at exit (the real group is exercised by the gpu tests)."""
+    calls = []
+
+    class ProcessGroupNCCL:
+        def abort(self):
+            calls.append("abort")
+
+    wb = WeightBroadcaster(lambda: toy_params().items())
+    wb.pg = ProcessGroupNCCL()
+    wb.close()
+    assert calls == ["abort"] and wb.pg is None
+    release_group(open_group("127.0.0.1", free_port(), 0, 1, "alone", 5.0)[0])  # gloo: nothing to abort
 
 
 def _peer(port, rank, world, group, plan, updates, *extra):

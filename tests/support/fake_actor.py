@@ -16,10 +16,9 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import torch
 
 from transport import wire
-from transport.weights import WeightPlan, bucket_checksum, broadcast_bucket, combine_checksums, open_group
+from transport.weights import WeightPlan, open_group, receive_buckets
 from transport.zmq_transport import ActorSockets, Endpoints
 
 
@@ -94,15 +93,7 @@ class FakeActor:
                 return
             pg, plan = self._pg, self._plan
 
-            def recv() -> str:
-                sums = []
-                for _a, _b, n in plan.buckets:
-                    flat = torch.empty(n, dtype=torch.uint8)
-                    broadcast_bucket(pg, flat)
-                    sums.append(bucket_checksum(flat))
-                return combine_checksums(sums)
-
-            self.checksum = await asyncio.to_thread(recv)
+            self.checksum = await asyncio.to_thread(receive_buckets, pg, plan)
             self.version = version
             self.received_versions.append(version)
 

@@ -83,4 +83,5 @@ class FakeLearner:
     def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        self.broadcaster.close()  # an NCCL group is aborted, not left to its destructor
         self.sockets.close()

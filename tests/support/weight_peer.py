@@ -5,9 +5,7 @@ python -m tests.support.weight_peer HOST PORT RANK WORLD GROUP PLAN_JSON UPDATES
 import json
 import sys
 
-import torch
-
-from transport.weights import WeightPlan, bucket_checksum, broadcast_bucket, combine_checksums, open_group
+from transport.weights import WeightPlan, open_group, receive_buckets
 
 
 def main() -> None:
@@ -18,19 +16,15 @@ def main() -> None:
     print("joined", flush=True)
     if mode == "exit":
         return
+    def load(flat, first, last):
+        if mode == "die_mid_update":  # after the first bucket of the first update
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
     for _ in range(int(updates)):
-        sums = []
-        for _a, _b, n in plan.buckets:
-            flat = torch.empty(n, dtype=torch.uint8)
-            broadcast_bucket(pg, flat)
-            sums.append(bucket_checksum(flat))
-            if mode == "die_mid_update":
-                import os
-                import signal
-
-                os.kill(os.getpid(), signal.SIGKILL)
-        print("checksum", combine_checksums(sums), flush=True)
-
+        print("checksum", receive_buckets(pg, plan, load=load), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ GPUs refused with the fields named, and the CUDA_VISIBLE_DEVICES each role is st
 import pytest
 
 from config.loader import ConfigError, load_config
-from config.placement import Placement, place, visible_env
+from config.placement import Placement, cpu_cores, place, visible_env
 
 
 def cfg(**over):
@@ -67,10 +67,30 @@ def test_the_launcher_starts_each_role_with_its_gpus_and_records_the_placement(t
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     la = Launcher(cfg(**{"actor.num_actors": 2, "learner.device": "cuda:2", "run.run_dir": str(tmp_path)}),
                   quiet=True, gpus=3)
-    assert [la.gpu_env(n) for n in ("learner", "actor-0", "actor-1")] == [
+    assert [la.device_env(n) for n in ("learner", "actor-0", "actor-1")] == [
         {"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
     # the learner sees its one GPU as cuda:0: the config the roles load says so, and where each role is
     assert (la.cfg.learner.device, la.cfg.learner.gpus, la.cfg.actor.gpus) == ("cuda", [2], [0, 1])
     with pytest.raises(ConfigError, match="GPU placement: too few GPUs"):
         Launcher(cfg(**{"actor.num_actors": 3}), quiet=True, gpus=3)
-    assert Launcher(load_config("tiny-cpu", {}), quiet=True, gpus=0).gpu_env("actor-0") == {}
+    assert Launcher(load_config("tiny-cpu", {}), quiet=True, gpus=0).device_env("actor-0") == {}
+
+
+def test_cpu_actors_on_one_host_get_cores_of_their_own():
+    # vLLM's own binding would pin every engine to the first core: two actors on 2 cores take one each
+    assert [cpu_cores(i, 2, [0, 1]) for i in range(2)] == ["0", "1"]
+    assert [cpu_cores(i, 3, [4, 5, 6, 7, 8, 9, 10]) for i in range(3)] == ["4,5", "6,7", "8,9"]
+    assert [cpu_cores(i, 3, [0, 1]) for i in range(3)] == ["0", "1", "0"]  # more actors than cores: round them
+    assert cpu_cores(0, 1, [0, 1]) is None  # one actor: vLLM binds as it likes
+
+
+def test_the_launcher_binds_each_cpu_actors_engine_unless_the_job_sets_it(tmp_path, monkeypatch):
+    from cli.launcher import Launcher
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {2, 3})
+    la = Launcher(load_config("tiny-cpu", {"actor.num_actors": 2, "run.run_dir": str(tmp_path)}), quiet=True, gpus=0)
+    assert [la.device_env(n) for n in ("learner", "actor-0", "actor-1")] == [
+        {}, {"VLLM_CPU_OMP_THREADS_BIND": "2"}, {"VLLM_CPU_OMP_THREADS_BIND": "3"}]
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    assert la.device_env("actor-1") == {}  # the job's own setting reaches the engine as it is
