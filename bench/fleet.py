@@ -3,10 +3,10 @@
     python -m bench.fleet [--seeds 5]
 
 1. Validation: `bench.staleness` measured the default job (1 actor, tiny model, 2 CPU cores) at
-   K = 0, 1, 2, 4, 8 and wrote the simulator's rates from its K = 0 run's steady state
-   (`bench/results/fleet_calibration.json`). The simulator predicts every K from those rates alone;
+   K = 0, 1, 2, 4, 8, several runs each, and wrote the simulator's rates from the K = 0 runs' steady
+   state (`bench/results/fleet_calibration.json`). The simulator predicts every K from those rates alone;
    the table sets predicted samples/s, learner waiting share and mean staleness beside the measured
-   steady-state ones (engine start-up is not modelled).
+   steady-state ones (mean over runs, and their spread; engine start-up is not modelled).
 2. Scaling: the 1.5B job on 4 to 1,024 GPUs (a quarter of them learner GPUs, the rest one actor each) for
    ProRL's shape (N = 16, B = 512 prompts) and BroRL's (N = 512, B = 128), K = 1, completions log-normal
    around 2,048 tokens (σ 0.8, cap 16,384), with rates from our GPU benchmarks: an actor's decode rate
@@ -44,10 +44,15 @@ def validate(seeds: int) -> list[dict]:
                 "staleness_mean": statistics.mean(r.staleness_mean for r in runs)}
         got = {"samples_per_s": m["steady_samples_per_s"], "wait_share": m["steady_wait_share"],
                "staleness_mean": m["staleness_mean"]}
-        row = {"max_staleness": k}
+        spread = {"samples_per_s": m.get("steady_samples_per_s_std", 0.0),
+                  "wait_share": m.get("steady_wait_share_std", 0.0), "staleness_mean": m.get("staleness_mean_std", 0.0)}
+        row = {"max_staleness": k, "runs": len(m.get("runs", [])) or 1}
         for key in pred:
             row[f"{key}_measured"], row[f"{key}_predicted"] = got[key], pred[key]
+            row[f"{key}_measured_std"] = spread[key]
             row[f"{key}_error"] = (pred[key] - got[key]) / got[key] if got[key] else pred[key]
+            # how far off, in units of the measurement's own spread over runs
+            row[f"{key}_z"] = (pred[key] - got[key]) / spread[key] if spread[key] else float("nan")
         rows.append(row)
     return rows
 
@@ -76,10 +81,12 @@ def main() -> None:
     from bench.common import stamp, table, write_json
 
     val = validate(args.seeds)
-    print("validation: the simulator (rates from the K = 0 run) against bench.staleness (2 CPU cores)")
-    print(table(val, ["max_staleness", "samples_per_s_measured", "samples_per_s_predicted", "samples_per_s_error",
-                      "wait_share_measured", "wait_share_predicted", "staleness_mean_measured",
-                      "staleness_mean_predicted", "staleness_mean_error"]))
+    print("validation: the simulator (rates from the K = 0 runs) against bench.staleness (2 CPU cores; measured: "
+          "mean and sd over runs)")
+    print(table(val, ["max_staleness", "runs", "samples_per_s_measured", "samples_per_s_measured_std",
+                      "samples_per_s_predicted", "samples_per_s_error", "wait_share_measured",
+                      "wait_share_measured_std", "wait_share_predicted", "staleness_mean_measured",
+                      "staleness_mean_measured_std", "staleness_mean_predicted", "staleness_mean_error"]))
     sc = scaling(max(1, args.seeds // 2))
     print("\nscaling: 1.5B on GPUs (a quarter learner GPUs), K = 1, in-flight updates kept")
     print(table(sc, ["shape", "gpus", "samples_per_s", "staleness_mean", "learner_wait_share",
@@ -100,8 +107,9 @@ def _plot(val, sc, out) -> None:
     ks = [r["max_staleness"] for r in val]
     for key, ax, label in (("samples_per_s", axes[0], "generated samples/s"),
                            ("staleness_mean", axes[0].twinx(), "mean staleness")):
-        ax.plot(ks, [r[f"{key}_measured"] for r in val], "o-" if key == "samples_per_s" else "s-",
-                color="C0" if key == "samples_per_s" else "C3", label=f"{label}, measured")
+        ax.errorbar(ks, [r[f"{key}_measured"] for r in val], yerr=[r.get(f"{key}_measured_std", 0.0) for r in val],
+                    fmt="o-" if key == "samples_per_s" else "s-", capsize=3,
+                    color="C0" if key == "samples_per_s" else "C3", label=f"{label}, measured (mean ± sd)")
         ax.plot(ks, [r[f"{key}_predicted"] for r in val], "o--" if key == "samples_per_s" else "s--",
                 color="C0" if key == "samples_per_s" else "C3", alpha=0.6, label=f"{label}, simulated")
         ax.set_ylabel(label)

@@ -108,3 +108,17 @@ def test_gpu_rates_come_from_our_gpu_benchmarks_result_files():
     res = simulate(Fleet(actors=12, learner_gpus=4, n=512, prompts_per_step=16, prompts_per_request=1,
                          mean_tokens=1024, length_sigma=0.5, max_tokens=4096, in_flight="keep", steps=4, rates=r))
     assert res.steps == 4 and res.samples_per_s > 0
+
+
+def test_the_staleness_sweep_reports_the_mean_and_spread_of_its_runs():
+    from bench.staleness import SPREAD, combine
+
+    def run(sps, wait, st, hist):
+        return {"max_staleness": 2, "seed": 0, "steady_samples_per_s": sps, "steady_wait_share": wait,
+                "staleness_mean": st, "samples_per_s": sps / 2, "staleness_hist": hist, "_steady": [{"x": 1}]}
+
+    row = combine([run(600.0, 0.1, 1.5, {"0": 0.5, "1": 0.5}), run(400.0, 0.3, 2.5, {"2": 1.0})])
+    assert (row["steady_samples_per_s"], row["samples_per_s"], row["max_staleness"]) == (500.0, 250.0, 2)
+    assert abs(row["steady_samples_per_s_std"] - 141.421356) < 1e-5 and set(SPREAD) <= {k[:-4] for k in row if k.endswith("_std")}
+    assert row["staleness_hist"] == {"0": 0.25, "1": 0.25, "2": 0.5}
+    assert len(row["runs"]) == 2 and all("_steady" not in r for r in row["runs"])  # kept, minus the raw metrics
