@@ -29,16 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 WARM = 3  # steps left out of the steady-state figures (and of the fleet simulator's calibration)
 
 
-def one(value: int, steps: int, seed: int, rep: int = 0) -> dict:
+def one(value: int, steps: int, seed: int, rep: int = 0, reuse: bool = False) -> dict:
     """One run of the job at K = `value`; its figures, and (`_steady`, `_steady_idle_s`) what calibration needs."""
-    from bench.common import brorl_run
+    from bench.common import brorl_run, load_run
     from learner.metrics import loop_seconds
 
     o = {"learner.max_staleness": value, "learner.steps": steps, "learner.prompts_per_step": 8,
          "actor.prompts_per_request": 8,
          "run.eval_interval": steps, "run.eval_prompts": 64, "run.eval_samples": 16, "run.seed": seed,
          "learner.seed": seed, "learner.checkpoint_interval": steps}
-    res = brorl_run(ROOT / "runs" / "bench" / "staleness" / (f"k{value}" + (f"-r{rep}" if rep else "")), o)
+    run_dir = ROOT / "runs" / "bench" / "staleness" / (f"k{value}" + (f"-r{rep}" if rep else ""))
+    res = load_run(run_dir) if reuse and (run_dir / "summary.json").exists() else brorl_run(run_dir, o)
     m, h = res["metrics"], res["heldout"]
     loop = loop_seconds(m)
     hist: dict[int, float] = {}
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="runs per value (seeds seed, seed + 1, ...)")
+    ap.add_argument("--reuse", action="store_true", help="read finished runs under runs/bench/staleness again")
     args = ap.parse_args()
     if args.quick:
         args.values, args.steps, args.repeats = [0, 2], 12, 1
@@ -113,7 +115,7 @@ def main() -> None:
         runs = []
         for i in range(args.repeats):
             print(f"  max_staleness = {v}, run {i + 1} of {args.repeats} ...", file=sys.stderr, flush=True)
-            runs.append(one(v, args.steps, args.seed + i, i))
+            runs.append(one(v, args.steps, args.seed + i, i, args.reuse))
             r = runs[-1]
             print(f"    {r['samples_per_s']:.0f} samples/s (steady {r['steady_samples_per_s']:.0f}), idle "
                   f"{100 * r['idle_share']:.0f}%, staleness mean {r['staleness_mean']:.2f}, pass@1 "

@@ -38,7 +38,9 @@ def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: 
     generated_tokens = sum(r["tokens"] for r in metrics)
     busy = max(loop - actor_idle_s, 1e-9)
     rate = generated_tokens / busy  # tokens/s of the engine while it had work
-    received = sum(r["groups_received"] for r in metrics)
+    # dynamic sampling's keep rate: of the groups that reached it (a group dropped as too stale, or whose lease
+    # had gone, is the admission rules' doing, which the simulator applies itself)
+    received = sum(r["groups_received"] - r.get("drop_stale", 0) - r.get("drop_unleased", 0) for r in metrics)
     cal = {
         "rates": asdict(Rates(
             gen_tokens_per_s=rate * (seqs_in_flight + gen_half_seqs) / seqs_in_flight, gen_half_seqs=gen_half_seqs,

@@ -122,3 +122,21 @@ def test_the_staleness_sweep_reports_the_mean_and_spread_of_its_runs():
     assert abs(row["steady_samples_per_s_std"] - 141.421356) < 1e-5 and set(SPREAD) <= {k[:-4] for k in row if k.endswith("_std")}
     assert row["staleness_hist"] == {"0": 0.25, "1": 0.25, "2": 0.5}
     assert len(row["runs"]) == 2 and all("_steady" not in r for r in row["runs"])  # kept, minus the raw metrics
+
+
+def test_calibration_reads_rates_and_dynamic_samplings_keep_rate_from_the_steps():
+    from fleet.calibration import calibrate
+
+    def step(i):  # 10 steps: 8 groups kept of 20 received, 4 of those dropped as too stale, 2 by the lease
+        return {"train_s": 0.1 + 0.001 * (100 + 10 * i), "train_tokens": 100 + 10 * i, "wait_s": 0.2,
+                "broadcast_s": 0.05 + 0.01 * i, "tokens": 2000, "generated": 320, "groups_received": 20,
+                "groups_kept": 8, "drop_stale": 4, "drop_unleased": 2}
+
+    cal = calibrate([step(i) for i in range(10)], actor_idle_s=1.0, n=16, seqs_in_flight=256)
+    r = cal["rates"]
+    assert abs(r["train_s_per_token"] - 0.001) < 1e-9 and abs(r["train_s_fixed"] - 0.1) < 1e-9
+    assert r["sync_s_fixed"] == 0.05  # the fastest update: nothing in flight to wait for
+    assert cal["keep_rate"] == 8 / 14  # admission's drops are the simulator's own to make, not sampling's
+    assert cal["mean_tokens"] == 2000 / 320
+    loop = 10 * (0.2 + 0.05) + sum(0.1 + 0.001 * (100 + 10 * i) + 0.01 * i for i in range(10))
+    assert abs(cal["busy_tokens_per_s"] - 20000 / (loop - 1.0)) < 1e-6
