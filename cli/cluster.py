@@ -60,6 +60,12 @@ class RoleHost:
         if not cfg_path.exists() or cfg_path.read_text() != config_toml:
             cfg_path.write_text(config_toml)  # another node: the role reads the job's config from here
         self.name, self.restartable, self.stopping = name, restartable, False
+        import ray
+
+        # this node's address as Ray knows it: vLLM's own guess (the route to a public address) fails on a node
+        # with no default route, and on a node with several networks may pick one the others cannot reach
+        self.node_ip = ray.util.get_node_ip_address()
+        env = {"VLLM_HOST_IP": self.node_ip, **env} if "VLLM_HOST_IP" not in os.environ else env
         self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                                      start_new_session=True, preexec_fn=_role_preexec)
@@ -84,7 +90,7 @@ class RoleHost:
             os._exit(1)
 
     def status(self) -> dict:
-        return {"host_pid": os.getpid(), "pid": self.proc.pid, "rc": self.proc.poll()}
+        return {"host_pid": os.getpid(), "pid": self.proc.pid, "rc": self.proc.poll(), "node_ip": self.node_ip}
 
     def signal(self, signum: int) -> None:
         self.stopping = True
@@ -105,6 +111,7 @@ class RayRole:
         self.returncode: int | None = None
         self.pid: int | None = None  # the role's pid on its node
         self.host_pid: int | None = None
+        self.node_ip: str | None = None  # the node it runs on
         self.restarts = 0
 
     def poll(self) -> int | None:
@@ -121,7 +128,7 @@ class RayRole:
             return self.returncode
         if self.host_pid is not None and st["host_pid"] != self.host_pid:
             self.restarts += 1
-        self.host_pid, self.pid, self.returncode = st["host_pid"], st["pid"], st["rc"]
+        self.host_pid, self.pid, self.returncode, self.node_ip = st["host_pid"], st["pid"], st["rc"], st["node_ip"]
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -152,6 +159,27 @@ class RayRole:
             self.returncode = -signal.SIGKILL
 
 
+def missing_resources(cfg: BrorlConfig, offered: dict[str, float]) -> None:
+    """Refuse (ConfigError naming the field) a job asking for Ray custom resources that the cluster does not
+    offer in the amounts its roles need: Ray would keep those roles pending, and the job would never start."""
+    from config.loader import ConfigError
+
+    run = cfg.run
+    need: dict[str, list] = {}
+    for field, per_role, roles in (("run.ray_learner_resources", run.ray_learner_resources, 1),
+                                   ("run.ray_actor_resources", run.ray_actor_resources, cfg.actor.num_actors)):
+        for k, amount in per_role.items():
+            need.setdefault(k, [0.0, []])
+            need[k][0] += amount * roles
+            need[k][1].append(field)
+    short = {k: (total, fields) for k, (total, fields) in need.items() if offered.get(k, 0.0) < total}
+    if short:
+        raise ConfigError("; ".join(
+            f"{' and '.join(fields)} ask for {total:g} of Ray resource {k!r} in all, and the cluster offers "
+            f"{offered.get(k, 0.0):g} (give nodes `ray start --resources '{{\"{k}\": N}}'`)"
+            for k, (total, fields) in short.items()))
+
+
 class RayLauncher(Launcher):
     """`Launcher` with each role in a Ray actor (see the module docstring)."""
 
@@ -164,7 +192,9 @@ class RayLauncher(Launcher):
             ray.init(address=address, log_to_driver=True)
         self._ray_remote = ray.remote(RoleHost)
         self._nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-        super().__init__(cfg, resume=resume, quiet=quiet, gpus=int(ray.cluster_resources().get("GPU", 0)))
+        offered = ray.cluster_resources()
+        missing_resources(cfg, offered)
+        super().__init__(cfg, resume=resume, quiet=quiet, gpus=int(offered.get("GPU", 0)))
 
     def device_env(self, name: str) -> dict[str, str]:
         """Ray sets CUDA_VISIBLE_DEVICES for the GPUs it grants the role's host. CPU actors' cores are split as on
@@ -183,8 +213,10 @@ class RayLauncher(Launcher):
         from config.loader import to_toml
 
         learner = name == "learner"
+        extra = self.cfg.run.ray_learner_resources if learner else self.cfg.run.ray_actor_resources
         host = self._ray_remote.options(
-            num_cpus=1, num_gpus=self._gpus_of(name), max_restarts=0 if learner else self.cfg.run.max_actor_restarts,
+            num_cpus=1, num_gpus=self._gpus_of(name), resources=dict(extra) or None,
+            max_restarts=0 if learner else self.cfg.run.max_actor_restarts,
             max_task_retries=0, max_concurrency=4,  # status and signals answer while the pump runs
         ).remote(name, args, self.device_env(name), str(self.run_dir), to_toml(self.cfg), not learner)
         p = RayRole(name, host)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.placement import check_fields
 
@@ -340,10 +340,27 @@ class RunConfig(_Section):
     """`brorl run` rotates a role's log (`logs/<role>.log` -> `.log.1`, one old copy) when it has grown past
     this size, checked every few seconds."""
 
+    ray_learner_resources: dict[str, float] = Field(default_factory=dict)
+    """`brorl run --cluster`: Ray custom resources the learner's Ray actor asks for besides its CPU and GPUs,
+    to put it on chosen nodes: `{learner_node = 1}` with `ray start --resources '{"learner_node": 1}'` on
+    them. Empty: Ray places it wherever its CPU and GPUs fit."""
+
+    ray_actor_resources: dict[str, float] = Field(default_factory=dict)
+    """The same for each actor's Ray actor (`{actor_node = 1}`: an actor per unit on the nodes offering it)."""
+
     eval_interval: int = Field(0, ge=0)
     """Every this many steps (and before the first), the learner estimates held-out pass@1 itself with
     transformers (k = `eval_samples`, temperature 0.6, top_p 0.95) into `heldout.jsonl` and the metrics
     (`heldout_pass_at_1`). 0 = off; meant for small models (it pauses training while it runs)."""
+
+
+    @field_validator("ray_learner_resources", "ray_actor_resources")
+    @classmethod
+    def _positive_amounts(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: a for k, a in v.items() if not k or a <= 0}
+        if bad:
+            raise ValueError(f"Ray resources need a name and an amount > 0: {bad}")
+        return v
 
 
 class BrorlConfig(_Section):

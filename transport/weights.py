@@ -234,7 +234,10 @@ def free_ports(count: int, host: str = "127.0.0.1") -> int:
 def open_group(host: str, port: int, rank: int, world_size: int, group_name: str, timeout_s: float,
                backend: str = "gloo"):
     """A process group of its own (not the default one): TCPStore rendezvous + gloo (or NCCL). Rank 0's
-    store listens on `host` only (TCPStore by itself would listen on every interface)."""
+    store listens on `host` only (TCPStore by itself would listen on every interface). gloo's transfers use
+    the address each rank reaches the others by: `host` on rank 0, on the others their own address on the
+    route to it. (gloo by itself takes the address this machine's hostname resolves to, which on a host
+    with several networks need not be the one the learner can reach: the transfers then fail.)"""
     import socket
 
     import torch.distributed as dist
@@ -250,10 +253,22 @@ def open_group(host: str, port: int, rank: int, world_size: int, group_name: str
                           master_listen_fd=None if listen is None else listen.detach())  # the store owns it now
     prefixed = dist.PrefixStore(group_name, store)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), store
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host if rank == 0 else route_to(host, port))]
+        return dist.ProcessGroupGloo(prefixed, rank, world_size, opts), store
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts), store
+
+
+def route_to(host: str, port: int) -> str:
+    """This machine's own address on the route to `host` (no packet is sent)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]
 
 
 def start_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset(),

@@ -38,21 +38,26 @@ def ray_cluster(monkeypatch):
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        ours = []
-        for pid in started:
-            try:
-                p = psutil.Process(pid)
-                ours += [p, *p.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-        for p in ours:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(ours, timeout=10)
-        for p in alive:
-            p.kill()
+        _stop(started)
+
+
+def _stop(pids) -> None:
+    """Terminate these processes and their descendants (killed after 10 s)."""
+    ours = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            ours += [p, *p.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for p in ours:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(ours, timeout=10)
+    for p in alive:
+        p.kill()
 
 
 def _is_ray(pid: int) -> bool:
@@ -106,3 +111,81 @@ def test_ray_restarts_a_killed_actor_and_the_job_loses_nothing(warm_model_dir, t
     new = {pid for r in grants if r["incarnation"] != grants[0]["incarnation"] for pid in r["granted"]}
     assert new & set(acc.trained), "the restarted actor's groups were never trained"
     assert "[actor-1]" not in (run / "logs" / "actor-1.log").read_text()  # the file holds the role's own lines
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    """A Ray cluster of two nodes that reach each other over a network only: the head in this machine's
+    network namespace, the second node in a network namespace of its own, joined to it by a veth pair
+    (HEAD_IP ↔ NODE_IP). Roles on the second node reach the learner by its address, as on two hosts (the
+    file system stays shared, as a cluster's shared storage would be). Needs root (CI runs as root).
+    Stopped afterwards by the pids it started and their descendants; the namespace and its link removed."""
+    x = 1 + os.getpid() % 250
+    ns, link = f"brorl-t{os.getpid()}", f"vb{os.getpid() % 100000}"
+    head_ip, node_ip = f"10.213.{x}.1", f"10.213.{x}.2"
+
+    def sh(*cmd):
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    before = set(psutil.pids())
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "link", "add", f"{link}a", "type", "veth", "peer", "name", f"{link}b")
+        sh("ip", "link", "set", f"{link}b", "netns", ns)
+        sh("ip", "addr", "add", f"{head_ip}/30", "dev", f"{link}a")
+        sh("ip", "link", "set", f"{link}a", "up")
+        for cmd in (("ip", "addr", "add", f"{node_ip}/30", "dev", f"{link}b"), ("ip", "link", "set", f"{link}b", "up"),
+                    ("ip", "link", "set", "lo", "up")):
+            sh("ip", "netns", "exec", ns, *cmd)
+        port = free_port(head_ip)
+        common = ["--object-store-memory=100000000", "--disable-usage-stats", "--min-worker-port=30000",
+                  "--max-worker-port=30999"]
+        subprocess.run([*RAY, "start", "--head", f"--node-ip-address={head_ip}", f"--port={port}", "--num-cpus=2",
+                        '--resources={"learner_node": 1}', "--include-dashboard=false", *common],
+                       check=True, env=env, timeout=180, capture_output=True)
+        subprocess.run(["ip", "netns", "exec", ns, *RAY, "start", f"--address={head_ip}:{port}",
+                        f"--node-ip-address={node_ip}", "--num-cpus=4", '--resources={"actor_node": 2}', *common],
+                       check=True, env=env, timeout=180, capture_output=True)
+        yield f"{head_ip}:{port}", head_ip, node_ip
+    finally:
+        _stop([p for p in psutil.pids() if p not in before and _is_ray(p)])
+        subprocess.run(["ip", "link", "del", f"{link}a"], capture_output=True, timeout=60)  # and its peer
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
+
+
+def test_ray_places_the_roles_on_two_hosts_that_meet_over_a_network(warm_model_dir, tmp_path, two_nodes):
+    """The learner on the head (Ray resource `learner_node`), both actors on the other node (`actor_node`):
+    the actors reach the learner's sockets (CURVE, as off loopback it must be), weight group and store over
+    the veth link, by the learner's address; both work, the job trains on and stops cleanly (SIGTERM, a
+    checkpoint), with every group accounted for."""
+    from transport.security import generate
+
+    address, head_ip, node_ip = two_nodes
+    run = tmp_path / "run"
+    keys = generate(tmp_path / "keys", ["actor-0", "actor-1"], ["admin"])  # off loopback, CURVE is required
+    cfg = job(warm_model_dir, run, steps=100_000, actors=2, **{
+        "transport.heartbeat_timeout_s": 10.0, "transport.host": head_ip, "transport.curve": True,
+        "transport.keys_dir": str(keys),
+        "run.ray_learner_resources": {"learner_node": 1}, "run.ray_actor_resources": {"actor_node": 1}})
+    la = RayLauncher(cfg, address, quiet=True)
+    try:
+        la.start()
+        end, both = time.monotonic() + 600, None
+        while la.procs["learner"].poll() is None:  # until both actors work and the job trains 3 steps more
+            assert time.monotonic() < end, f"the job did not get there: {steps_done(run)} steps, both at {both}"
+            la._supervise_actors()
+            if both is None and working(run, "actor-0") and working(run, "actor-1"):
+                both = steps_done(run)
+            if both is not None and steps_done(run) >= both + 3:
+                break
+            time.sleep(0.5)
+        nodes = {name: p.node_ip for name, p in la.procs.items()}
+    finally:
+        la.stop()
+        la.close()
+    assert la.procs["learner"].returncode == 0, (run / "logs" / "learner.log").read_text()[-3000:]
+    assert nodes == {"learner": head_ip, "actor-0": node_ip, "actor-1": node_ip}
+    assert la.restarts == 0 and steps_done(run) >= both + 3
+    check(account(run), steps_done(run))  # every trained prompt once, every granted one trained, dropped or given back

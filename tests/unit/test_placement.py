@@ -1,9 +1,11 @@
 """GPU placement of a one-host job (`config/placement.py`): each role's GPUs, double booking and too few
 GPUs refused with the fields named, and the CUDA_VISIBLE_DEVICES each role is started with."""
 
+import tomllib
+
 import pytest
 
-from config.loader import ConfigError, load_config
+from config.loader import ConfigError, load_config, to_toml, validate
 from config.placement import Placement, cpu_cores, place, visible_env
 
 
@@ -94,3 +96,19 @@ def test_the_launcher_binds_each_cpu_actors_engine_unless_the_job_sets_it(tmp_pa
         {}, {"VLLM_CPU_OMP_THREADS_BIND": "2"}, {"VLLM_CPU_OMP_THREADS_BIND": "3"}]
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     assert la.device_env("actor-1") == {}  # the job's own setting reaches the engine as it is
+
+
+def test_ray_custom_resources_are_checked_against_what_the_cluster_offers():
+    from cli.cluster import missing_resources
+
+    c = load_config("tiny-cpu", {"actor.num_actors": 2, "run.ray_learner_resources": {"learner_node": 1},
+                                 "run.ray_actor_resources": {"actor_node": 1}})
+    missing_resources(c, {"CPU": 8.0, "learner_node": 1.0, "actor_node": 2.0})  # enough: nothing to say
+    # one actor node unit short: Ray would keep the second actor pending and the job would never start
+    with pytest.raises(ConfigError, match=r"run.ray_actor_resources ask for 2 of Ray resource 'actor_node' in all, "
+                                          r"and the cluster offers 1"):
+        missing_resources(c, {"CPU": 8.0, "learner_node": 1.0, "actor_node": 1.0})
+    with pytest.raises(ConfigError, match="Ray resources need a name and an amount > 0"):
+        load_config("tiny-cpu", {"run.ray_actor_resources": {"actor_node": 0}})
+    # the run folder's config keeps them
+    assert validate(tomllib.loads(to_toml(c))).run.ray_learner_resources == {"learner_node": 1.0}
