@@ -216,8 +216,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> int:
 
     for _ in range(100):
         base, held = free_port(host), []
-        if base + count - 1 >= _ephemeral_range()[0] > base:
-            continue
+        if base + count - 1 >= _ephemeral_range()[0] > base or base + count - 1 > 65535:
+            continue  # the run would cross into the kernel's range for outgoing ports, or past the last port
         try:
             for p in range(base, base + count):
                 held.append(s := socket.socket())

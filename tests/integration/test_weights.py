@@ -60,6 +60,16 @@ def test_checksum_detects_any_change():
     assert bucket_checksum(flat) != bucket_checksum(swapped)
 
 
+def test_consecutive_free_ports_never_run_past_the_last_port(monkeypatch):
+    import transport.weights as w
+
+    picks = iter([65534, 65535])  # what free_port may hand out at the top of the range: 3 ports do not fit
+    real = w.free_port
+    monkeypatch.setattr(w, "free_port", lambda host="127.0.0.1", avoid=(): next(picks, None) or real(host))
+    base = w.free_ports(3)
+    assert base + 2 <= 65535 and base not in (65534, 65535)
+
+
 def test_the_checksum_is_its_definition_on_any_length():
     """(S2 + K·S1) mod 2^64 over 64-bit little-endian words w_p (S1 = Σ w_p, S2 = Σ (p+1)·w_p; trailing bytes
     are words of their own), computed here with Python integers; the device-side tensor form agrees."""
