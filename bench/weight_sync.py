@@ -70,6 +70,7 @@ def wire_only(pg, flats: list, timeout_s: float) -> None:
     if flats and flats[0].is_cuda:
         torch.cuda.synchronize(flats[0].device)
 
+
 def case(n_params: int, receivers: int, updates: int, backend: str, bucket_mb: float) -> dict:
     from transport.weights import WeightBroadcaster, free_port, pack_bucket
 

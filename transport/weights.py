@@ -318,11 +318,6 @@ def start_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset(
     return finish_gloo
 
 
-def broadcast_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset()) -> set[int]:
-    """One bucket from rank 0 to every other rank of `pg`, start to finish (`start_bucket`)."""
-    return start_bucket(pg, flat, skip)()
-
-
 def receive_buckets(pg, plan: WeightPlan, device: torch.device | str = "cpu",
                     load: Callable[[torch.Tensor, int, int], None] | None = None, timeout_s: float = 120.0) -> str:
     """A receiver's side of one update: every bucket of `plan`, each checksummed and handed to

@@ -29,16 +29,21 @@ def ray_cluster(monkeypatch):
     is off for this loopback test cluster (the head and the driver would otherwise need the same token)."""
     port = free_port()
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    before = set(psutil.pids())
-    subprocess.run([*RAY, "start", "--head", f"--port={port}", "--num-cpus=4", "--object-store-memory=100000000",
-                    "--include-dashboard=false", "--disable-usage-stats", "--min-worker-port=30000",
-                    "--max-worker-port=30999"], check=True, env=env, timeout=180, capture_output=True)
-    started = [pid for pid in psutil.pids() if pid not in before and _is_ray(pid)]  # not whatever else started
+    started = _ray_start([*RAY, "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false"])
     try:
         yield f"127.0.0.1:{port}"
     finally:
         _stop(started)
+
+
+def _ray_start(cmd: list[str]) -> list[int]:
+    """Run a `ray start` command (workers on ports 30000-30999, a small object store, no usage stats); the
+    pids of the Ray processes it left running (not whatever else started meanwhile)."""
+    before = set(psutil.pids())
+    subprocess.run([*cmd, "--object-store-memory=100000000", "--disable-usage-stats", "--min-worker-port=30000",
+                    "--max-worker-port=30999"], check=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+                   timeout=180, capture_output=True)
+    return [pid for pid in psutil.pids() if pid not in before and _is_ray(pid)]
 
 
 def _stop(pids) -> None:
@@ -128,8 +133,7 @@ def two_nodes(monkeypatch):
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    before = set(psutil.pids())
+    started: list[int] = []
     sh("ip", "netns", "add", ns)
     try:
         sh("ip", "link", "add", f"{link}a", "type", "veth", "peer", "name", f"{link}b")
@@ -140,17 +144,13 @@ def two_nodes(monkeypatch):
                     ("ip", "link", "set", "lo", "up")):
             sh("ip", "netns", "exec", ns, *cmd)
         port = free_port(head_ip)
-        common = ["--object-store-memory=100000000", "--disable-usage-stats", "--min-worker-port=30000",
-                  "--max-worker-port=30999"]
-        subprocess.run([*RAY, "start", "--head", f"--node-ip-address={head_ip}", f"--port={port}", "--num-cpus=2",
-                        '--resources={"learner_node": 1}', "--include-dashboard=false", *common],
-                       check=True, env=env, timeout=180, capture_output=True)
-        subprocess.run(["ip", "netns", "exec", ns, *RAY, "start", f"--address={head_ip}:{port}",
-                        f"--node-ip-address={node_ip}", "--num-cpus=4", '--resources={"actor_node": 2}', *common],
-                       check=True, env=env, timeout=180, capture_output=True)
+        started += _ray_start([*RAY, "start", "--head", f"--node-ip-address={head_ip}", f"--port={port}",
+                               "--num-cpus=2", '--resources={"learner_node": 1}', "--include-dashboard=false"])
+        started += _ray_start(["ip", "netns", "exec", ns, *RAY, "start", f"--address={head_ip}:{port}",
+                               f"--node-ip-address={node_ip}", "--num-cpus=4", '--resources={"actor_node": 2}'])
         yield f"{head_ip}:{port}", head_ip, node_ip
     finally:
-        _stop([p for p in psutil.pids() if p not in before and _is_ray(p)])
+        _stop(started)
         subprocess.run(["ip", "link", "del", f"{link}a"], capture_output=True, timeout=60)  # and its peer
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
 
