@@ -68,6 +68,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self._store = None
         self.version = -1
         self.checksum = ""
+        self.timeout_s = 120.0  # the group's (transport.weight_timeout_s), set when it is joined
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         pc = self.parallel_config
@@ -77,6 +78,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.pg, self._store = open_group(init_info.master_address, init_info.master_port, rank,
                                           init_info.world_size, init_info.group_name, init_info.timeout_s,
                                           self.backend)
+        self.timeout_s = init_info.timeout_s
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -94,7 +96,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         plan = WeightPlan(update_info.names, update_info.dtype_names, update_info.shapes, update_info.buckets)
         device = self.device if self.backend == "nccl" else "cpu"
         self.checksum = receive_buckets(self.pg, plan, device,
-                                        lambda flat, a, b: self.model.load_weights(unpack_bucket(flat, plan, a, b)))
+                                        lambda flat, a, b: self.model.load_weights(unpack_bucket(flat, plan, a, b)),
+                                        self.timeout_s)
         self.version = update_info.version
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
