@@ -56,6 +56,7 @@ def one(value: int, steps: int, seed: int, rep: int = 0, reuse: bool = False) ->
             "steady_samples_per_s": sum(r["generated"] for r in steady) / steady_loop,
             "steady_wait_share": sum(r["wait_s"] for r in steady) / steady_loop,
             "steady_idle_share": steady_idle / steady_loop,
+            "steady_train_s": statistics.mean(r["train_s"] for r in steady),
             "generated": sum(r["generated"] for r in m),
             "samples_per_s": sum(r["generated"] for r in m) / loop, "loop_s": loop,
             "idle_share": m[-1].get("actor_idle_s", 0.0) / loop,
@@ -129,7 +130,8 @@ def main() -> None:
                        "tis_clip_frac", "mismatch_kl", "pass_at_1_start", "pass_at_1_end"]))
     print(f"\nsteady state (from step {WARM + 1} on: no engine start-up), mean and spread over runs")
     print(table(rows, ["max_staleness", "steady_samples_per_s", "steady_samples_per_s_std", "steady_wait_share",
-                       "steady_wait_share_std", "staleness_mean", "staleness_mean_std", "steady_idle_share"]))
+                       "steady_wait_share_std", "staleness_mean", "staleness_mean_std", "steady_idle_share",
+                       "steady_train_s"]))
     path = write_json("staleness", {"steps": args.steps, "seed": args.seed, "repeats": args.repeats, "rows": rows})
     _plot(rows, path.with_suffix(".png"))
     print(f"\nwrote {path}")
