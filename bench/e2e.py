@@ -63,7 +63,7 @@ def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update:
     return "brorl-1.5b", {**common, "learner.prompts_per_step": b, "actor.prompts_per_request": b,
                           "actor.max_tokens": 1024, "actor.length_median": 256, "actor.max_model_len": 1280,
                           "learner.devices": 1, "learner.gpus": [first_gpu],
-                          "actor.gpus": [[first_gpu + 1 + i] for i in range(actors)]}
+                          "actor.gpus": [first_gpu + 1 + i for i in range(actors)]}
 
 
 def model_dir(shape: str) -> str:
@@ -125,10 +125,16 @@ def raw(preset: str, over: dict, prompts: int, gpu: int | None) -> dict:
 
 def run_case(preset: str, over: dict, actors: int, tag: str) -> dict:
     from bench.common import brorl_run
-    from learner.metrics import loop_seconds
 
     res = brorl_run(ROOT / "runs" / "bench" / "e2e" / tag, over, preset=preset)
-    m = res["metrics"]
+    return {**summarise(res["metrics"], actors, tag), "wall_s": res["wall_s"]}
+
+
+def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
+    """A finished run's metrics rows: steady-state samples/s (steps from `WARM` on), the actors' idle share,
+    the learner's waiting share and seconds per step, and the per-step breakdown."""
+    from learner.metrics import loop_seconds
+
     if len(m) <= WARM:
         raise RuntimeError(f"{tag}: {len(m)} steps, need more than {WARM} for a steady state")
     steady = m[WARM:]
@@ -146,7 +152,7 @@ def run_case(preset: str, over: dict, actors: int, tag: str) -> dict:
             "train_s_per_step": sum(r["train_s"] for r in steady) / len(steady),
             "broadcast_s_per_step": sum(r["broadcast_s"] for r in steady) / len(steady),
             "kept_share": sum(r["groups_kept"] for r in steady) / max(1, sum(r["groups_received"] for r in steady)),
-            "wall_s": res["wall_s"], "per_step": per_step}
+            "per_step": per_step}
 
 
 def main() -> None:
@@ -169,7 +175,7 @@ def main() -> None:
         preset, over, prompts = json.loads(a.raw_case)
         print(json.dumps(asyncio.run(_raw(load_config(preset, over), prompts))))
         return
-    from bench.common import table, write_json
+    from bench.common import table
 
     if a.quick:
         a.shape, a.steps = "small", 6
@@ -205,19 +211,28 @@ def main() -> None:
                 runs.append(r)
                 print(f"{n_act} actor(s), N = {n}, {up}: {r['samples_per_s']:.1f} samples/s, "
                       f"{100 * r['of_raw']:.0f} % of raw per actor", file=sys.stderr)
+        path = _write(a, model, raws, runs)  # after every batch: a sweep cut short keeps what finished
     print("\nRaw engine (one " + ("GPU" if gpu else "CPU engine") + ")")
     print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s"]))
     print("\nbrorl run (steady state)")
     print(table(runs, ["actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
                        "actor_idle_share", "busy_of_raw", "learner_wait_share", "train_s_per_step",
                        "broadcast_s_per_step", "kept_share"]))
-    name = "e2e" + (f"_{a.tag}" if a.tag else "")
-    preset, over = job(a.shape, 1, a.steps, model)
-    path = write_json(name, {"shape": a.shape, "samples_per_step": SAMPLES_PER_STEP if gpu else 128,
-                             "job": {"preset": preset, **{k: v for k, v in over.items() if "port" not in k and k != "model.path"}},
-                             "raw": list(raws.values()), "runs": runs})
-    _plot(raws, runs, path.with_suffix(".png"))
+    path = _write(a, model, raws, runs)
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
+
+
+def _write(a, model: str, raws: dict, runs: list[dict]):
+    from bench.common import write_json
+
+    preset, over = job(a.shape, 1, a.steps, model)
+    path = write_json("e2e" + (f"_{a.tag}" if a.tag else ""), {
+        "shape": a.shape, "samples_per_step": SAMPLES_PER_STEP if a.shape != "small" else 128,
+        "command": "python -m bench.e2e " + " ".join(sys.argv[1:]),
+        "job": {"preset": preset, **{k: v for k, v in over.items() if "port" not in k and k != "model.path"}},
+        "raw": list(raws.values()), "runs": runs})
+    _plot(raws, runs, path.with_suffix(".png"))
+    return path
 
 
 def _gpus() -> int:

@@ -89,6 +89,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gpu", action="store_true", help="the GPU mode: a 1.5B-shaped model, the paper's presets")
     ap.add_argument("--only", default="", help="GPU mode: run only these cases (longest,mfu,shared,scale)")
+    ap.add_argument("--mfu-add", default="", help="GPU mode: more MFU cases, a JSON list of learner settings "
+                    "over the compiled 4k-token case (e.g. '[{\"backend\": \"torch\"}]'), run and merged into the "
+                    "kept rows (a row with the same settings is replaced)")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:  # child process
@@ -106,7 +109,7 @@ def main() -> None:
     if args.gpu:
         from bench import learner_gpu
 
-        return learner_gpu.main(quick=args.quick, only=args.only)
+        return learner_gpu.main(quick=args.quick, only=args.only, mfu_add=args.mfu_add)
 
     from bench.common import run_isolated, stamp, table, write_json
 

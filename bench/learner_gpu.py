@@ -200,25 +200,34 @@ def ranks(world: int, args: list[str], timeout: float = 1200) -> dict:
     return json.loads(outs[0][0].strip().splitlines()[-1])
 
 
-def main(quick: bool = False, only: str = "") -> None:
+def main(quick: bool = False, only: str = "", mfu_add: str = "") -> None:
     """Every case (or those named in `only`, comma-separated: longest, mfu, shared, scale; the others are
-    kept from bench/results/learner_gpu.json, so a sweep can be run in parts)."""
+    kept from bench/results/learner_gpu.json, so a sweep can be run in parts). `mfu_add`: a JSON list of
+    settings over the compiled MFU case, run and merged into the kept MFU rows."""
     import torch
 
     from bench.common import RESULTS, run_isolated, stamp, table, write_json
 
     gpus = torch.cuda.device_count()
-    want = set(only.split(",")) if only else {"longest", "mfu", "shared", "scale"}
-    old = json.loads((RESULTS / "learner_gpu.json").read_text()) if only and (RESULTS / "learner_gpu.json").exists() else {}
+    want = set(only.split(",")) if only else ({"mfu"} if mfu_add else {"longest", "mfu", "shared", "scale"})
+    keep = only or mfu_add
+    old = json.loads((RESULTS / "learner_gpu.json").read_text()) if keep and (RESULTS / "learner_gpu.json").exists() else {}
     one = lambda kind, p, env=None: run_isolated("bench.learner", ["--case", f"gpu-{kind}:{json.dumps(p)}"],  # noqa: E731
                                                  timeout=1800, env=env)
     longest, mfu, shared, scale = (old.get(k, []) for k in ("longest", "mfu", "shared", "scale"))
     if "longest" in want:
         longest = [one("longest", {"L": L}) for L in ((16_384,) if quick else (8_192, 16_384, 32_768))]
-    if "mfu" in want:
-        shape = {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2}
+    shape = {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2}
+    compiled = {**shape, "steps": 3, "compile": True}  # steps 1-2 compile the shapes
+    if mfu_add:
+        try:
+            extra = [{**compiled, **o} for o in json.loads(mfu_add)]
+        except (ValueError, TypeError) as e:
+            raise SystemExit(f"--mfu-add {mfu_add!r}: expected a JSON list of objects ({e})")
+        new = side_by_side(one, "mfu", extra)
+        mfu = [r for r in mfu if mfu_label(r) not in {mfu_label(n) for n in new}] + new
+    elif "mfu" in want:
         no_ckpt = {"activation_checkpointing": False, "micro_batch_tokens": 8192}
-        compiled = {**shape, "steps": 3, "compile": True}  # steps 1-2 compile the shapes
         mfu = side_by_side(one, "mfu", [
             {**shape, "compile": False}, {**shape, **no_ckpt, "compile": False}, compiled,
             {**compiled, **no_ckpt}, {**compiled, "backend": "torch"},
@@ -260,7 +269,7 @@ def main(quick: bool = False, only: str = "") -> None:
         print("\nZeRO-2 scaling, the same step on 1, 2 and 4 ranks")
         print(table(scale, ["ranks", "seconds", "tokens_per_s", "speedup", "mfu", "peak_gib"]))
     path = write_json("learner_gpu", {"longest": longest, "mfu": mfu, "shared": shared, "scale": scale,
-                                      **({"parts": {**old.get("parts", {}), **{k: stamp() for k in want}}})})
+                                      **({"parts": {**old.get("parts", {}), **({"mfu_add": {**stamp(), "cases": mfu_add}} if mfu_add else {k: stamp() for k in want})}})})
     _plot(longest, mfu, shared, scale, path.with_suffix(".png"), stamp())
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
 

@@ -38,6 +38,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from transport.blocking import in_daemon_thread
+
 MASK64 = (1 << 64) - 1
 ALIGN = 16  # every tensor starts at a multiple of 16 bytes in its bucket, so views of any dtype work
 
@@ -378,7 +380,7 @@ class WeightBroadcaster:
         """Rank 0 of the group; completes once every receiver has joined (or raises after timeout)."""
         self.close()
         try:
-            self.pg, self._store = await asyncio.wait_for(asyncio.to_thread(
+            self.pg, self._store = await asyncio.wait_for(in_daemon_thread(
                 open_group, self.host, info["master_port"], 0, info["world_size"], info["group_name"],
                 self.timeout_s, self.backend), self.timeout_s + 5)
         except Exception as e:
@@ -433,7 +435,7 @@ class WeightBroadcaster:
         if self.pg is None:
             raise WeightSyncError("no weight group: call open() after a rendezvous first")
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self._send_all), self.timeout_s + 5)
+            return await asyncio.wait_for(in_daemon_thread(self._send_all), self.timeout_s + 5)
         except Exception as e:
             self.close()
             raise WeightSyncError(f"weight broadcast failed: {type(e).__name__}: {str(e)[:300]}") from e

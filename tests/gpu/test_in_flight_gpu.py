@@ -29,6 +29,8 @@ async def test_nccl_update_into_a_keep_paused_engine_labels_every_token(tiny_mod
     proc = start_actor(cfg, tmp_path, fl.work_url, "a0")
     monkeypatch.undo()
     try:
+        # the engine first (on a GPU it takes longer to start than the weight group waits for a member)
+        await fl.wait_hello("a0")
         await fl.push_weights(["a0"], version=1)
         await fl.wait_groups(2, timeout_s=300, where=lambda g: g.policy_version == 1)
         models = {1: m0}

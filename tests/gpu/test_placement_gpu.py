@@ -48,6 +48,7 @@ def run_on_gpus(model_dir: str, run_dir, steps: int, **over) -> list[dict]:
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(600)  # the first user of `warm_model_dir`: its CPU warm start counts in the ceiling
 def test_brorl_run_on_two_gpus_places_the_roles_and_trains_with_updates_in_flight(warm_model_dir, tmp_path):
     """`brorl run` end to end on 2 GPUs: the learner on GPU 0 and the actor on GPU 1 by default placement,
     NCCL weights, weights updated in flight (`keep`); it trains to the end and records the placement."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from transport.blocking import in_daemon_thread
 from transport.weights import (
     free_port,
     open_group,
@@ -233,6 +234,31 @@ async def test_a_receiver_killed_mid_update_costs_only_itself():
     expected = weights_checksum(params.items(), bc2.plan)
     assert f"checksum {expected}" in out
     assert dying.wait(timeout=30) == -9
+
+
+async def test_a_call_in_a_daemon_thread_returns_its_result_or_its_error():
+    assert await in_daemon_thread(sum, [1, 2, 3]) == 6
+    with pytest.raises(ZeroDivisionError):
+        await in_daemon_thread(lambda: 1 / 0)
+
+
+def test_a_call_blocked_for_ever_and_given_up_on_does_not_hold_the_process_at_exit():
+    """A collective stuck for ever (NCCL's set-up waiting for a peer that never came) is given up on by a
+    timeout; the process must still exit at once. In a thread of asyncio's default executor (what
+    `asyncio.to_thread` uses) it would not: `asyncio.run` waits up to 300 s for those, then the
+    interpreter joins them."""
+    code = ("import asyncio, threading, time\n"
+            "from transport.blocking import in_daemon_thread\n"
+            "async def main():\n"
+            "    try:\n"
+            "        await asyncio.wait_for(in_daemon_thread(threading.Event().wait), 0.3)\n"
+            "    except TimeoutError:\n"
+            "        print('given up')\n"
+            "asyncio.run(main())\n")
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "given up", out.stderr[-2000:]
+    assert time.monotonic() - t0 < 30  # the import of torch included
 
 
 def test_the_rendezvous_store_listens_on_the_configured_host_only():

@@ -61,6 +61,16 @@ class FakeLearner:
             self.groups.append(g)
             await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([g.group_id]))
 
+    async def wait_hello(self, actor_id: str, timeout_s: float = 240.0) -> None:
+        """Until `actor_id` has said hello: its engine is built (an actor says hello only then), so a weight
+        group it is told of next forms within the group's timeout, however long the engine took to start."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while actor_id not in self.hellos:
+            if loop.time() > end:
+                raise TimeoutError(f"{actor_id} said no hello within {timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+
     async def wait_groups(self, n: int, timeout_s: float = 120.0, where=lambda g: True) -> list[wire.RolloutGroup]:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
