@@ -14,6 +14,7 @@ Cases:
   shared    the shared prompt (`learner.share_prompt`) against the unshared step: N = 512 with 2,048-token
             prompts and 1,024-token completions, and the paper's shape (256-token prompts, 4,096-token
             completions, N = 64: the saving per sample does not depend on N once a pass holds a group)
+  preset    (tests/gpu) one step with a preset's learner settings and N: the paper's presets train on a GPU
   scale     ZeRO-2 on 1, 2 and 4 ranks (as many as there are GPUs), the same step (8 groups × N = 64, 256 + 1,024 tokens), second step timed
 
 Model FLOPs of a step: per sample of s = prompt + completion tokens and r response tokens, one forward is
@@ -144,6 +145,13 @@ def case(kind: str, p: dict) -> dict:
             return {**p, **run_step(groups, lc, steps=p.get("steps", 1))}
         except torch.OutOfMemoryError as e:
             return {**p, "ok": False, "error": str(e)[:200], "tokens_per_s": 0.0, "mfu": 0.0}
+    if kind == "preset":  # one step with a preset's own learner settings and its group size N
+        from config.loader import load_config
+
+        n = load_config(p["preset"]).actor.n_samples
+        lc = preset_learner(p["preset"], prompts_per_step=p["groups"])
+        groups = synthetic_groups(p["groups"], n, p["prompt"], p["completions"], QWEN_15B["vocab_size"])
+        return {**p, "n": n, **run_step(groups, lc)}
     if kind == "scale":
         from learner.ranks import join_ranks  # noqa: F401  (the env is set by `ranks`)
         from config.loader import load_config
