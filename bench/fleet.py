@@ -14,7 +14,12 @@
    `learner_gpu.json` (H100), the weight update from `weight_sync_nccl.json` (1.5B over NCCL). Reports
    samples/s, mean staleness, and the learner's training and weight-update shares (where they approach 1,
    the learner or the sync is the bottleneck).
-Writes bench/results/fleet.json and fleet.png.
+3. GPU validation: the 1.5B job of `bench.e2e` on H100s (1 learner GPU + 1 actor GPU, N = 16, K = 1,
+   updates kept, budgets log-normal per prompt: `bench/results/e2e_h100.json` and that run's metrics
+   `e2e_h100_run-1-n16-keep.jsonl`), predicted from the raw engine's samples/s measured beside it and the
+   learner's step time and weight-update cost from the run's steady state (`fleet.calibration.calibrate`),
+   against the run's own steady state.
+Writes bench/results/fleet.json and fleet.png (`--only gpu`: the GPU validation alone, the rest kept).
 """
 
 from __future__ import annotations
@@ -57,6 +62,47 @@ def validate(seeds: int) -> list[dict]:
     return rows
 
 
+def gpu_validate(seeds: int) -> list[dict]:
+    from bench.e2e import WARM, summarise
+    from fleet.calibration import calibrate
+
+    e2e = json.loads((RESULTS / "e2e_h100.json").read_text())
+    job, raw = e2e["job"], {r["n"]: r for r in e2e["raw"]}
+    rows = []
+    for run in e2e["runs"]:
+        path = RESULTS / f"e2e_h100_run-{run['actors']}-n{run['n']}-{run['update']}.jsonl"
+        metrics = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        steady = metrics[WARM:]
+        idle = metrics[-1].get("actor_idle_s", 0.0) - metrics[WARM - 1].get("actor_idle_s", 0.0)
+        seqs = job["actor.n_samples"] * job["learner.prompts_per_step"]
+        cal = calibrate(steady, idle, run["n"], seqs, gen_half_seqs=128.0)
+        mean_tokens = sum(r["tokens"] for r in steady) / sum(r["generated"] for r in steady)
+        load = sum(p["actor_update_s"] for p in summarise(metrics, run["actors"])["per_step"][WARM:]) / len(steady)
+        # the engine at the raw run's rate (it too had about `seqs` sequences at once)
+        rates = {**cal["rates"], "gen_tokens_per_s": raw[run["n"]]["samples_per_s"] * mean_tokens * (seqs + 128) / seqs,
+                 "load_s": load}
+        sims = [simulate(fleet_from({**cal, "rates": rates}, actors=run["actors"], n=run["n"],
+                                    prompts_per_step=job["learner.prompts_per_step"],
+                                    prompts_per_request=job["learner.prompts_per_step"],
+                                    max_staleness=job["learner.max_staleness"], mean_tokens=job["actor.length_median"],
+                                    length_sigma=job.get("actor.length_sigma", 1.0),  # the schema default
+                                    max_tokens=job["actor.max_tokens"], lengths="prompt",
+                                    in_flight=run["update"], steps=30, seed=s)) for s in range(seeds)]
+        measured = {"samples_per_s": run["samples_per_s"], "wait_share": run["learner_wait_share"],
+                    "actor_idle_share": run["actor_idle_share"],
+                    "staleness_mean": statistics.mean(r["staleness_mean"] for r in steady)}
+        predicted = {"samples_per_s": statistics.mean(r.samples_per_s for r in sims),
+                     "wait_share": statistics.mean(r.learner_wait_share for r in sims),
+                     "actor_idle_share": statistics.mean(r.actor_idle_share for r in sims),
+                     "staleness_mean": statistics.mean(r.staleness_mean for r in sims)}
+        row = {"gpus": f"1 + {run['actors']}", "n": run["n"], "update": run["update"]}
+        for k in measured:
+            row[f"{k}_measured"], row[f"{k}_predicted"] = measured[k], predicted[k]
+            row[f"{k}_error"] = (predicted[k] - measured[k]) / measured[k] if measured[k] else predicted[k]
+        rows.append(row)
+    return rows
+
+
 def scaling(seeds: int) -> list[dict]:
     rates = gpu_rates()
     rows = []
@@ -77,11 +123,26 @@ def scaling(seeds: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--only", choices=["gpu"], help="gpu: the GPU validation alone, the other parts kept")
     args = ap.parse_args()
     from bench.common import stamp, table, write_json
 
+    gpu = gpu_validate(args.seeds)
+    print("GPU validation: the 1.5B job on H100s (bench.e2e), predicted from the raw engine and the learner's "
+          "step, against the run")
+    print(table(gpu, ["gpus", "n", "update", "samples_per_s_measured", "samples_per_s_predicted", "samples_per_s_error",
+                      "wait_share_measured", "wait_share_predicted", "wait_share_error", "actor_idle_share_measured",
+                      "actor_idle_share_predicted", "staleness_mean_measured", "staleness_mean_predicted",
+                      "staleness_mean_error"]))
+    if args.only == "gpu":
+        old = json.loads((RESULTS / "fleet.json").read_text())
+        path = write_json("fleet", {**{k: v for k, v in old.items() if k != "stamp"}, "gpu_validation": gpu,
+                                    "gpu_validation_simulated_on": stamp()})
+        _plot(old["validation"], old["scaling"], path.with_suffix(".png"))
+        print(f"\nwrote {path}")
+        return
     val = validate(args.seeds)
-    print("validation: the simulator (rates from the K = 0 runs) against bench.staleness (2 CPU cores; measured: "
+    print("\nvalidation: the simulator (rates from the K = 0 runs) against bench.staleness (2 CPU cores; measured: "
           "mean and sd over runs)")
     print(table(val, ["max_staleness", "runs", "samples_per_s_measured", "samples_per_s_measured_std",
                       "samples_per_s_predicted", "samples_per_s_error", "wait_share_measured",
@@ -91,7 +152,7 @@ def main() -> None:
     print("\nscaling: 1.5B on GPUs (a quarter learner GPUs), K = 1, in-flight updates kept")
     print(table(sc, ["shape", "gpus", "samples_per_s", "staleness_mean", "learner_wait_share",
                      "learner_train_share", "learner_sync_share", "actor_idle_share"]))
-    path = write_json("fleet", {"validation": val, "scaling": sc, "calibration": load(DEFAULT),
+    path = write_json("fleet", {"validation": val, "scaling": sc, "gpu_validation": gpu, "calibration": load(DEFAULT),
                                 "gpu_rates": vars(gpu_rates()), "simulated_on": stamp()})
     _plot(val, sc, path.with_suffix(".png"))
     print(f"\nwrote {path}")

@@ -30,6 +30,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--mean-tokens", default="256", help="median completion length")
     p.add_argument("--length-sigma", default="0.0", help="log-σ of completion lengths (0: all the median)")
     p.add_argument("--max-tokens", type=int, default=0, help="cap of a completion (0: none)")
+    p.add_argument("--lengths", choices=["completion", "prompt"], default="completion",
+                   help="completion: each completion draws its length (a real task); prompt: a prompt's "
+                        "completions share one (actor.length_dist's budget, run to by a random model)")
     p.add_argument("--prompts-per-request", type=int, default=2)
     p.add_argument("--keep-rate", type=float, default=None, help="dynamic-sampling keep rate (default: calibration's)")
     p.add_argument("--mtbf-s", type=float, default=float("inf"), help="mean seconds between an actor's failures")
@@ -80,7 +83,8 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     rows = []
     for combo in itertools.product(*grid.values()):
         point = dict(zip(grid, combo))
-        runs = [simulate(Fleet(**point, max_tokens=args.max_tokens, prompts_per_request=args.prompts_per_request,
+        runs = [simulate(Fleet(**point, max_tokens=args.max_tokens, lengths=args.lengths,
+                               prompts_per_request=args.prompts_per_request,
                                keep_rate=args.keep_rate if args.keep_rate is not None else keep_rate,
                                mtbf_s=args.mtbf_s, restart_s=args.restart_s, steps=args.steps, seed=s, rates=rates))
                 for s in range(args.seeds)]

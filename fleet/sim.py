@@ -74,6 +74,10 @@ class Fleet:
     length_sigma: float = 0.0
     max_tokens: int = 0
     """Cap of a completion (0: none)."""
+    lengths: str = "completion"
+    """"completion": each completion draws its own length (a real task: a group lasts as long as its longest);
+    "prompt": the completions of a prompt share one length (`actor.length_dist`'s budget per prompt, which a
+    random-weights model runs to, as in our GPU throughput runs)."""
     keep_rate: float = 0.6
     in_flight: str = "finish"
     mtbf_s: float = math.inf
@@ -248,11 +252,13 @@ class Sim:
 
     def _lengths(self) -> list[int]:
         f = self.f
+        if f.lengths not in ("completion", "prompt"):
+            raise ValueError(f"Fleet.lengths = {f.lengths!r}: expected 'completion' or 'prompt'")
         out = []
-        for _ in range(f.n):
+        for _ in range(f.n if f.lengths == "completion" else 1):
             x = f.mean_tokens * (math.exp(self.rng.gauss(0, f.length_sigma)) if f.length_sigma > 0 else 1.0)
             out.append(max(1, min(f.max_tokens or math.inf, round(x))))
-        return out
+        return out if f.lengths == "completion" else out * f.n
 
     def _start(self, i: int, pid: int) -> None:
         a, r = self.actors[i], self.r

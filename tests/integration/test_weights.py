@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from transport.blocking import in_daemon_thread
+from transport.checksum import bucket_checksum, bucket_checksum_tensor
 from transport.weights import (
     free_port,
     open_group,
     WeightBroadcaster,
     WeightSyncError,
     WeightPlan,
-    bucket_checksum,
-    bucket_checksum_tensor,
     make_plan,
     pack_bucket,
     receive_buckets,

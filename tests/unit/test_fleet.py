@@ -140,3 +140,17 @@ def test_calibration_reads_rates_and_dynamic_samplings_keep_rate_from_the_steps(
     assert cal["mean_tokens"] == 2000 / 320
     loop = 10 * (0.2 + 0.05) + sum(0.1 + 0.001 * (100 + 10 * i) + 0.01 * i for i in range(10))
     assert abs(cal["busy_tokens_per_s"] - 20000 / (loop - 1.0)) < 1e-6
+
+
+def test_a_prompts_completions_share_one_length_or_draw_their_own():
+    """`lengths = "prompt"` (the throughput task's budget per prompt): a group lasts as long as its one
+    draw, not as long as the longest of N draws, so the same fleet generates faster."""
+    base = dict(actors=1, n=16, mean_tokens=256, length_sigma=1.0, max_tokens=1024, steps=20)
+    per_prompt = Sim(Fleet(**base, lengths="prompt"))._lengths()
+    per_completion = Sim(Fleet(**base, lengths="completion"))._lengths()
+    assert len(per_prompt) == len(per_completion) == 16
+    assert len(set(per_prompt)) == 1 and len(set(per_completion)) > 1
+    fast = simulate(Fleet(**base, lengths="prompt")).samples_per_s
+    assert fast > 1.3 * simulate(Fleet(**base, lengths="completion")).samples_per_s
+    with pytest.raises(ValueError, match="lengths"):
+        Sim(Fleet(**base, lengths="group"))._lengths()
