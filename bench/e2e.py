@@ -250,7 +250,7 @@ def _one(a, model: str, case: tuple[int, int, str], first_gpu: int) -> dict:
     return {"n": n, "update": up, **r}
 
 
-def _plot(raws: dict, runs: list[dict], out: Path) -> None:
+def _plot(raws: dict, runs: list[dict], out: Path, device: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -283,7 +283,7 @@ def _plot(raws: dict, runs: list[dict], out: Path) -> None:
         ax.set_ylabel("seconds")
         ax.legend(fontsize=6)
     st = stamp()
-    fig.suptitle(f"brorl run against raw generation, {st.get('device', st.get('cpu', '?'))}", fontsize=9)
+    fig.suptitle(f"brorl run against raw generation, {device or st.get('device', st.get('cpu', '?'))}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
