@@ -3,6 +3,7 @@ killed (SIGTERM, as Ctrl-C does), resumed, and continues with the expected step,
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -85,7 +86,9 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     # actors' weights followed the versions (the learner checked their checksums)
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "reports weights" not in learner_log  # no checksum mismatch was reported
-    assert "weight sync" not in learner_log  # and no weight sync failed (e.g. a lost rendezvous)
+    # and no weight sync failed (e.g. a lost rendezvous); the learner's stall diagnosis may name weight
+    # syncs among what it could be doing, which is no failure
+    assert not re.search(r"weight sync for version \d+ failed", learner_log)
     # the learner's own held-out estimates: before training, every 5 steps, at the end; the live display
     held = read(run_dir / "heldout.jsonl")
     assert [h["step"] for h in held][0] == 0 and held[-1]["step"] == 10
