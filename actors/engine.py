@@ -22,6 +22,8 @@ WORKER_EXTENSION = "transport.vllm_ext.BrorlWorkerExtension"
 # Our engines (transport/vllm_ext.py) on both: one protocol — buckets, versions, checksums, a rendezvous
 # per membership change — over gloo on CPUs and NCCL on GPUs.
 WEIGHT_ENGINES = {"gloo": "brorl_gloo", "nccl": "brorl_nccl"}
+# vLLM's scheduler, sending a FINAL_ONLY request's log-probs once, at its end (actors/vllm_scheduler.py)
+FINAL_LOGPROBS_SCHEDULER = "actors.vllm_scheduler.FinalLogprobsScheduler"
 
 
 def engine_kwargs(model: ModelConfig, actor: ActorConfig, seed: int = 0, weight_backend: str = "gloo") -> dict[str, Any]:
@@ -45,6 +47,7 @@ def engine_kwargs(model: ModelConfig, actor: ActorConfig, seed: int = 0, weight_
         logprobs_mode="processed_logprobs",
         weight_transfer_config={"backend": WEIGHT_ENGINES[weight_backend]},
         worker_extension_cls=WORKER_EXTENSION,
+        **({"scheduler_cls": FINAL_LOGPROBS_SCHEDULER} if actor.logprobs_at_end else {}),
     )
 
 

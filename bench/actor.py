@@ -9,7 +9,9 @@ at once, each with `n = N` and `output_kind = FINAL_ONLY`, as the actor does, an
 turned into the wire arrays (`actors.engine.completion_arrays`: tokens + behaviour log-probs) — the
 actor's own per-group work is inside the timing. Prompts are random token ids of `--prompt-len`;
 completions run to `--max-tokens` (`ignore_eos`) so every case does the same work. Cases: N in {16, 512}
-× behaviour log-probs on / off (off shows what the log-probs cost; the actor always has them on).
+× behaviour log-probs "on" (sent once per completion, at its end, as the actor gets them:
+`actors/vllm_scheduler.py`), "step" (vLLM's own delivery: every running request's new log-probs at every
+step) or "off" (what the log-probs cost).
 Reports the median over `--repeats` runs after a warm-up. Writes bench/results/actor[_<tag>].json and .png.
 """
 
@@ -50,14 +52,16 @@ def model_dir(args) -> tuple[str, dict]:
     return str(d), {}
 
 
-async def run_case(engine, cfg, n: int, total: int, prompt_len: int, vocab: int, logprobs: bool, seed: int) -> dict:
+async def run_case(engine, cfg, n: int, total: int, prompt_len: int, vocab: int, logprobs: str, seed: int) -> dict:
     from actors.engine import completion_arrays, sampling_params
+    from actors.vllm_scheduler import PER_STEP
     from vllm.sampling_params import RequestOutputKind
 
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(10, vocab, prompt_len).tolist() for _ in range(total // n)]
-    sp = sampling_params(cfg.actor, n=n, ignore_eos=True, detokenize=False, logprobs=0 if logprobs else None,
-                         output_kind=RequestOutputKind.FINAL_ONLY, seed=None)
+    sp = sampling_params(cfg.actor, n=n, ignore_eos=True, detokenize=False,
+                         logprobs=None if logprobs == "off" else 0, output_kind=RequestOutputKind.FINAL_ONLY,
+                         seed=None, extra_args={PER_STEP: True} if logprobs == "step" else None)
     tokens = 0
 
     async def one(i: int, p: list[int]) -> None:
@@ -66,7 +70,7 @@ async def run_case(engine, cfg, n: int, total: int, prompt_len: int, vocab: int,
         async for out in engine.generate({"prompt_token_ids": p}, sp, f"bench-{seed}-{n}-{i}"):
             final = out
         assert final is not None and len(final.outputs) == n
-        if logprobs:
+        if logprobs != "off":
             lengths, _tok, lps = completion_arrays(final.outputs)
             assert np.isfinite(lps).all()
             tokens += int(lengths.sum())
@@ -100,7 +104,7 @@ async def bench(args) -> list[dict]:
     print(f"engine up in {time.perf_counter() - t0:.1f} s (max_num_seqs {cfg.actor.max_num_seqs})", file=sys.stderr)
     rows = []
     try:
-        await run_case(engine, cfg, 16, min(args.total, 64), args.prompt_len, vocab, True, 999)  # warm-up
+        await run_case(engine, cfg, 16, min(args.total, 64), args.prompt_len, vocab, "on", 999)  # warm-up
         for n, logprobs in args.case_list:
             runs = []
             for r in range(args.repeats):
@@ -131,13 +135,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tag", default="", help="suffix of the results file (e.g. h100)")
     ap.add_argument("--engine-kw", default="{}", help="extra vLLM engine arguments, JSON (experiments)")
-    ap.add_argument("--cases", default="16:on,16:off,512:on,512:off",
-                    help="N:on|off (behaviour log-probs), comma-separated (e.g. 16:on alone, to profile it)")
+    ap.add_argument("--cases", default="16:on,16:step,16:off,512:on,512:step,512:off",
+                    help="N:on|step|off (behaviour log-probs at each completion's end, at every step, none), "
+                         "comma-separated (e.g. 16:on alone, to profile it)")
     args = ap.parse_args()
     try:
-        args.case_list = [(int(n), {"on": True, "off": False}[lp]) for n, lp in (c.split(":") for c in args.cases.split(","))]
-    except (ValueError, KeyError):
-        ap.error(f"--cases {args.cases!r}: expected N:on or N:off, comma-separated")
+        args.case_list = [(int(n), lp) for n, lp in (c.split(":") for c in args.cases.split(","))]
+        assert all(lp in ("on", "step", "off") for _, lp in args.case_list)
+    except (ValueError, AssertionError):
+        ap.error(f"--cases {args.cases!r}: expected N:on, N:step or N:off, comma-separated")
     if args.quick:
         args.total, args.repeats = 512, 1
     if args.total % 512:
@@ -153,6 +159,12 @@ def main() -> None:
     print(f"\nwrote {path}")
 
 
+def _mode(row: dict) -> str:
+    """A row's log-prob mode; rows written before "step" existed say True (per step, then) or False."""
+    lp = row["logprobs"]
+    return lp if isinstance(lp, str) else ("step" if lp else "off")
+
+
 def _plot(rows, out) -> None:
     import matplotlib
 
@@ -160,8 +172,10 @@ def _plot(rows, out) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    labels = [f"N={r['N']}\n{'log-probs' if r['logprobs'] else 'no log-probs'}" for r in rows]
-    ax.bar(labels, [r["samples_per_s"] for r in rows], color=["C0" if r["logprobs"] else "C7" for r in rows])
+    names = {"on": "log-probs\nat the end", "step": "log-probs\nevery step", "off": "no log-probs"}
+    labels = [f"N={r['N']}\n{names[_mode(r)]}" for r in rows]
+    ax.bar(labels, [r["samples_per_s"] for r in rows],
+           color=[{"on": "C0", "step": "C1", "off": "C7"}[_mode(r)] for r in rows])
     ax.set_ylabel("samples / s (median)")
     ax.set_title("actor generation, same total samples")
     fig.tight_layout()

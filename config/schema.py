@@ -99,6 +99,11 @@ class ActorConfig(_Section):
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation (debugging; slower)."""
 
+    logprobs_at_end: bool = True
+    """Have the engine send each completion's behaviour log-probs once, with its final output
+    (`actors/vllm_scheduler.py`), instead of vLLM's per-request arrays at every decoding step (which cost
+    ~40 % of an H100's generation throughput at 512 running sequences). The values are the same."""
+
     tensor_parallel_size: int = Field(1, ge=1, le=16)
     """GPUs per actor engine (vLLM tensor parallelism); `brorl run` gives each actor this many GPUs."""
 

@@ -122,6 +122,17 @@ def deepspeed_config(cfg: LearnerConfig) -> dict:
     }
 
 
+def _no_shm_comm_op() -> None:
+    """DeepSpeed's CPU communication backend JIT-compiles a C++ shared-memory op at every start, which only
+    its inference all-reduce uses (ZeRO trains through torch.distributed, gloo here). The compile takes
+    ~1 minute on a fresh 2-core machine, and torch's build lock file outlives a rank killed while holding
+    it: every later start on that machine then waited on the lock forever. We never build it."""
+    import importlib
+
+    # (not `import deepspeed.comm.torch as m`: that finds the `torch` module `deepspeed.comm` re-exports)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 class DeepSpeedBackend:
     """DeepSpeed ZeRO (stage 2 or 3) over torch.distributed; gloo on CPU, nccl on GPUs.
 
@@ -135,6 +146,9 @@ class DeepSpeedBackend:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         import deepspeed
         import torch.distributed as dist
+
+        if cfg.device == "cpu":
+            _no_shm_comm_op()
 
         if not dist.is_initialized():
             backend = "gloo" if cfg.device == "cpu" else "nccl"

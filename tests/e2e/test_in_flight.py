@@ -20,6 +20,8 @@ def perturbed(model_dir: str, seed: int):
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if seed is None:  # the disk weights
+        return m
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in m.parameters():
@@ -43,7 +45,8 @@ async def push_until_mixed(fl: FakeLearner, model_dir: str, models: dict, tries:
         await asyncio.sleep(0.2 * (v % 3))
         models[v] = fl.model = perturbed(model_dir, v).to(device)
         await fl.push_weights(["a0"], version=v)
-        await fl.wait_groups(1, timeout_s=120, where=lambda g, v=v: g.versions.size and g.versions.max() >= v)
+        # a group that was in flight when v landed (`versions` are offsets from the group's first version)
+        await fl.wait_groups(1, timeout_s=120, where=lambda g, v=v: g.versions.size and g.token_versions().max() >= v)
         mixed = [g for g in fl.groups if g.versions.size and g.versions.min() < g.versions.max()]
         if mixed:
             return mixed
@@ -51,8 +54,8 @@ async def push_until_mixed(fl: FakeLearner, model_dir: str, models: dict, tries:
 
 
 def split_versions(g) -> list[np.ndarray]:
-    """Each completion's per-token versions."""
-    return np.split(g.versions, np.cumsum(g.lengths)[:-1])
+    """Each completion's per-token versions (absolute)."""
+    return np.split(g.token_versions(), np.cumsum(g.lengths)[:-1])
 
 
 async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir, tmp_path):
@@ -73,7 +76,7 @@ async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir
             await asyncio.sleep(0.1)
         assert any(h.stats.get("kept_updates", 0) >= 1 for h in fl.heartbeats), fl.heartbeats[-1:]
         g = mixed[0]
-        v_old = int(g.versions.min())
+        v_old = int(g.token_versions().min())
         ref_lp = logprobs_under(models[v_old], g)
         first_new = []
         for comp_mu, comp_v, ref in zip(g.completion_logprobs(), split_versions(g), ref_lp):

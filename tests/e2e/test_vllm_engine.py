@@ -90,3 +90,52 @@ async def test_broadcast_into_running_vllm_engine(vllm_engine, tiny_cfg, tiny_mo
         assert vllm_greedy() == before
     finally:
         rx.plan = None
+
+
+@pytest.mark.vllm
+async def test_logprobs_sent_at_the_end_equal_vllms_per_step(tiny_cfg):
+    """The actor's engine sends a FINAL_ONLY request's log-probs once, at its end (actors/vllm_scheduler.py):
+    the same tokens and log-probs as vLLM's per-step delivery; a request with stop strings (which the
+    front end ends itself) and a streaming one still get every token's log-prob."""
+    import numpy as np
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from actors.engine import FINAL_LOGPROBS_SCHEDULER, completion_arrays, engine_kwargs, offline_env, sampling_params
+    from actors.vllm_scheduler import PER_STEP
+
+    offline_env()
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(tiny_cfg.model, tiny_cfg.actor)))
+    try:
+        assert engine.vllm_config.scheduler_config.scheduler_cls == FINAL_LOGPROBS_SCHEDULER
+        prompt = {"prompt_token_ids": engine.tokenizer.encode("12+7=")}
+
+        async def final(rid, **over):
+            """Each completion's last output (a streamed request's outputs may each hold only some)."""
+            sp = sampling_params(tiny_cfg.actor, n=4, max_tokens=12, seed=7, ignore_eos=True, **over)
+            last = {}
+            async for out in engine.generate(prompt, sp, rid):
+                last.update({o.index: o for o in out.outputs})
+            return [last[i] for i in sorted(last)]
+
+        fin = RequestOutputKind.FINAL_ONLY
+        end = await final("end", output_kind=fin)
+        step = await final("step", output_kind=fin, extra_args={PER_STEP: True})
+        stream = await final("stream", output_kind=RequestOutputKind.CUMULATIVE)
+        ref = completion_arrays(step)
+        assert ref[0].sum() == 4 * 12
+        for got in (end, stream):
+            arrays = completion_arrays(got)
+            for a, b, name in zip(arrays, ref, ("lengths", "tokens", "log-probs")):
+                assert np.array_equal(a, b), name
+        # a stop string the same seed will meet after a few tokens: the front end ends that request
+        first = step[0]
+        stop_at = engine.tokenizer.decode(first.token_ids[3:5])
+        stopped = await final("stop", output_kind=fin, stop=[stop_at])
+        o = stopped[0]
+        assert o.finish_reason == "stop" and len(o.token_ids) < 12, (o.finish_reason, o.token_ids)
+        assert all(len(c.logprobs) == len(c.token_ids) for c in stopped)
+        assert np.isfinite(completion_arrays(stopped)[2]).all()
+    finally:
+        engine.shutdown()

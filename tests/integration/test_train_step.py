@@ -384,3 +384,21 @@ def test_a_step_with_shared_prompts_equals_the_unshared_step(tiny_model_dir, flo
                          prompt_len=[8] * 6)
     assert all(len({i % 2 for i in r}) == 1 for r in runs)  # one group per run
     assert all(8 + len(r) * (max([10, 12, 11, 14, 10, 13][i] for i in r) - 8) <= 15 or len(r) == 1 for r in runs)
+
+
+@pytest.mark.slow
+def test_a_deepspeed_start_builds_no_op_so_a_stale_build_lock_cannot_hang_it(tmp_path):
+    """DeepSpeed's CPU backend JIT-built a shared-memory op at every start under torch's build lock; a rank
+    killed while holding it left the lock behind, and every later start on the machine waited forever. The
+    learner builds nothing now: a start succeeds beside a stale lock, and leaves no build behind."""
+    ext = tmp_path / "torch_extensions"
+    stale = ext / "deepspeed_shm_comm" / "lock"  # where torch's JIT build of that op takes its lock
+    stale.parent.mkdir(parents=True)
+    stale.write_text("")
+    code = ("import torch; from config.loader import load_config; from learner.backends import DeepSpeedBackend; "
+            "b = DeepSpeedBackend(torch.nn.Linear(4, 4), load_config('tiny-cpu', {'learner.backend': 'deepspeed'}).learner); "
+            "print('started', b.world_size)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)})
+    assert r.returncode == 0 and "started 1" in r.stdout, r.stderr[-2000:]
+    assert sorted(p.name for p in ext.rglob("*")) == ["deepspeed_shm_comm", "lock"]  # nothing was built

@@ -79,7 +79,12 @@ class FakeLearner:
             if len(got) >= n:
                 return got
             await asyncio.sleep(0.05)
-        raise TimeoutError(f"only {len([g for g in self.groups if where(g)])} of {n} groups arrived")
+        seen = [(g.policy_version, int(g.versions.min()) + g.policy_version if g.versions.size else None,
+                 int(g.versions.max()) + g.policy_version if g.versions.size else None) for g in self.groups[-12:]]
+        stats = self.heartbeats[-1].stats if self.heartbeats else None
+        raise TimeoutError(f"only {len([g for g in self.groups if where(g)])} of {n} groups arrived; "
+                           f"{len(self.groups)} in all, the last (version, first token's, last token's): {seen}; "
+                           f"the actor's last heartbeat: {stats}")
 
     async def push_weights(self, actor_ids: list[str], version: int) -> str:
         """Rendezvous with the actors, announce the version, broadcast; returns the checksum."""
