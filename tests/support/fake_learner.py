@@ -79,8 +79,8 @@ class FakeLearner:
             if len(got) >= n:
                 return got
             await asyncio.sleep(0.05)
-        seen = [(g.policy_version, int(g.versions.min()) + g.policy_version if g.versions.size else None,
-                 int(g.versions.max()) + g.policy_version if g.versions.size else None) for g in self.groups[-12:]]
+        seen = [(g.policy_version, int(g.token_versions().min()), int(g.token_versions().max()))
+                for g in self.groups[-12:] if g.tokens.size]
         stats = self.heartbeats[-1].stats if self.heartbeats else None
         raise TimeoutError(f"only {len([g for g in self.groups if where(g)])} of {n} groups arrived; "
                            f"{len(self.groups)} in all, the last (version, first token's, last token's): {seen}; "
