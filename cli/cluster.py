@@ -7,7 +7,9 @@ resources (CPUs; GPUs as the device placement counts them: the learner's `learne
 gloo/NCCL for weights. Ray only places, restarts and carries logs:
 
   - the config travels as text and is written to the run folder on whichever node a role lands;
-  - Ray sets each GPU role's `CUDA_VISIBLE_DEVICES`;
+  - Ray sets each GPU role's `CUDA_VISIBLE_DEVICES`; CPU actors that land on one node split its cores (each
+    claims a slot there and binds its engine to the slot's share; the slots a node has are what its Ray
+    custom resources allow of `run.ray_actor_resources`, else `actor.num_actors`), as on one host;
   - an actor whose process dies (or whose host is killed) is restarted by Ray (`max_restarts` =
     `run.max_actor_restarts`): a new incarnation that rejoins and gets the current weights before it
     takes work. An actor that refuses to start (a verifier failed its self-test) is not restarted and
@@ -49,11 +51,38 @@ def _role_preexec() -> None:
         pass
 
 
+def claim_core_slot(key: str, capacity: int, folder: str | None = None) -> tuple[int, object] | None:
+    """The lowest free one of `capacity` CPU slots on this node for job `key`: a lock file
+    (`<tmp>/brorl-cores-<key>/slot-<k>`, flock) held while the returned file object stays open, so a slot
+    is free again the moment its holder dies (a restarted actor takes one afresh). None: all taken."""
+    import fcntl
+    import tempfile
+
+    d = Path(folder or tempfile.gettempdir()) / f"brorl-cores-{key}"
+    d.mkdir(parents=True, exist_ok=True)
+    for k in range(capacity):
+        f = open(d / f"slot-{k}", "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            continue
+        return k, f
+    return None
+
+
+def node_actor_capacity(per_actor: dict[str, float], node_resources: dict[str, float], num_actors: int) -> int:
+    """How many CPU actors this node may hold: what its Ray custom resources allow (the least of
+    total // per actor over `run.ray_actor_resources`), else the job's `actor.num_actors`."""
+    fits = [int(node_resources.get(k, 0.0) // v) for k, v in per_actor.items() if v > 0]
+    return max(1, min([num_actors, *fits]))
+
+
 class RoleHost:
     """A Ray actor holding one role's process (decorated with `ray.remote` when the launcher starts)."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], run_dir: str, config_toml: str,
-                 restartable: bool):
+                 restartable: bool, core_share: dict | None = None):
         run = Path(run_dir)
         (run / "logs").mkdir(parents=True, exist_ok=True)
         cfg_path = run / "config.toml"
@@ -66,6 +95,8 @@ class RoleHost:
         # with no default route, and on a node with several networks may pick one the others cannot reach
         self.node_ip = ray.util.get_node_ip_address()
         env = {"VLLM_HOST_IP": self.node_ip, **env} if "VLLM_HOST_IP" not in os.environ else env
+        if core_share and "VLLM_CPU_OMP_THREADS_BIND" not in {**os.environ, **env}:
+            env = {**env, **self._bind_cores(name, core_share)}
         self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                                      start_new_session=True, preexec_fn=_role_preexec)
@@ -75,6 +106,26 @@ class RoleHost:
         if nice > 0:
             print(f"[{name}] runs at nice {nice}, the priority Ray gives its workers (lowering it needs "
                   f"CAP_SYS_NICE): other work on this node comes first", flush=True)
+
+    def _bind_cores(self, name: str, share: dict) -> dict[str, str]:
+        """A CPU actor on a node of a cluster: vLLM's automatic binding would put every engine on this node on
+        the same first core, so the actors that land here split its cores: each claims a slot on the node and
+        binds its engine to that slot's share (`cpu_cores`)."""
+        import ray
+
+        from config.placement import cpu_cores
+
+        me = ray.get_runtime_context().get_node_id()
+        total = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == me), {})
+        capacity = node_actor_capacity(share["per_actor"], total, share["num_actors"])
+        claimed = claim_core_slot(share["key"], capacity) if capacity > 1 else None
+        if claimed is None:
+            return {}
+        slot, self._slot_lock = claimed
+        cores = cpu_cores(slot, capacity, sorted(os.sched_getaffinity(0)))
+        print(f"[{name}] binds its engine to cores {cores} (slot {slot} of {capacity} CPU actors this node "
+              f"may hold)", flush=True)
+        return {"VLLM_CPU_OMP_THREADS_BIND": cores} if cores else {}
 
     def _pump(self) -> None:
         """The role's output into its log file and, line by line, to this worker's stdout (Ray streams it to
@@ -198,10 +249,22 @@ class RayLauncher(Launcher):
 
     def device_env(self, name: str) -> dict[str, str]:
         """Ray sets CUDA_VISIBLE_DEVICES for the GPUs it grants the role's host. CPU actors' cores are split as on
-        one host (`Launcher.device_env`) when the cluster is this one host; on several, vLLM binds its own."""
+        one host (`Launcher.device_env`) when the cluster is this one host; on several, each actor's host splits
+        its node's cores with the actors that land there (`_core_share`)."""
         if self.placement.actors or name == "learner" or self._nodes > 1:
             return {}
         return super().device_env(name)
+
+    def _core_share(self, name: str) -> dict | None:
+        """For a CPU actor on a cluster of several nodes: what its host needs to split its node's cores with the
+        other actors there (`RoleHost._bind_cores`). None where `device_env` binds it already, or a GPU does."""
+        if name == "learner" or self.placement.actors or self._nodes <= 1:
+            return None
+        import hashlib
+
+        key = hashlib.sha1(str(Path(self.run_dir).resolve()).encode()).hexdigest()[:12]
+        return {"key": key, "num_actors": self.cfg.actor.num_actors,
+                "per_actor": dict(self.cfg.run.ray_actor_resources)}
 
     def _gpus_of(self, name: str) -> int:
         p = self.placement
@@ -218,7 +281,8 @@ class RayLauncher(Launcher):
             num_cpus=1, num_gpus=self._gpus_of(name), resources=dict(extra) or None,
             max_restarts=0 if learner else self.cfg.run.max_actor_restarts,
             max_task_retries=0, max_concurrency=4,  # status and signals answer while the pump runs
-        ).remote(name, args, self.device_env(name), str(self.run_dir), to_toml(self.cfg), not learner)
+        ).remote(name, args, self.device_env(name), str(self.run_dir), to_toml(self.cfg), not learner,
+                 self._core_share(name))
         p = RayRole(name, host)
         self.procs[name] = p
         self._started_at[name] = time.monotonic()

@@ -1,32 +1,28 @@
-"""`brorl run` end to end on CPU: groups flow, versions advance, a checkpoint is written; the job is
-killed (SIGTERM, as Ctrl-C does), resumed, and continues with the expected step, version and prompts."""
+"""`brorl run` end to end on CPU: groups flow, versions advance, a checkpoint is written; the `brorl run`
+process is stopped (SIGTERM, as Ctrl-C does: exit 143, a checkpoint, no process left), resumed, and
+continues with the expected step, version and prompts."""
 
 import json
 import math
+import os
 import re
-import time
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from config.loader import load_config
+from config.loader import load_config, to_toml
 from learner.checkpoint import Checkpointer
 from cli.launcher import Launcher
 from cli.display import status_lines
 from learner.metrics import read
+from tests.e2e.test_faults import ROOT, alive, tree, wait_for
 
 
 def _ledger(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
-
-
-def _wait(cond, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.5)
-    raise TimeoutError(what)
 
 
 @pytest.mark.vllm
@@ -46,16 +42,28 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
         "work_port": ports[0], "rollout_port": ports[0] + 1, "control_port": ports[0] + 2})})
     ckpt = Checkpointer(run_dir)
 
-    la = Launcher(cfg, quiet=True)
-    la.start()
+    # `brorl run` as its own process, stopped with SIGTERM (what Ctrl-C, `docker stop` or a scheduler sends)
+    run_dir.mkdir(parents=True)
+    (tmp_path / "job.toml").write_text(to_toml(cfg))
+    run = subprocess.Popen([sys.executable, "-m", "cli", "run", "--config", str(tmp_path / "job.toml"),
+                            "--no-eval"], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                           stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)
     try:
-        _wait(lambda: (st := ckpt.latest()) is not None and st.meta["step"] >= 4, 400, "no checkpoint at step 4")
+        wait_for(lambda: (st := ckpt.latest()) is not None and st.meta["step"] >= 4, 400, "no checkpoint at step 4")
+        pids = tree(run.pid)
+        assert len(pids) >= 4  # launcher, learner, actor, the actor's engine
+        at_term = len(read(run_dir / "metrics.jsonl"))
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=300) == 143, (tmp_path / "run.log").read_text()[-3000:]
     finally:
-        la.stop()  # SIGTERM: the learner writes a final checkpoint
-    assert la.procs["learner"].returncode == 0
+        if run.poll() is None:
+            run.kill()
+    # the learner wrote a checkpoint on its way out, and nothing of the job outlived it
+    wait_for(lambda: not alive(pids), 30, f"processes outlived brorl run: {alive(pids)}", poll_s=0.5)
     st = ckpt.latest()
     killed_at = st.meta["step"]
-    assert 4 <= killed_at < 10 and st.meta["version"] == killed_at
+    assert max(4, at_term) <= killed_at < 10 and st.meta["version"] == killed_at
     assert (st.model_dir / "model.safetensors").exists() and (st.model_dir / "config.json").exists()
     rows = read(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, killed_at + 1))

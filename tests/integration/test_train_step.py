@@ -135,16 +135,22 @@ def _run_worker(model_dir, out, backend, world, steps=2, micro_batch_tokens=0, d
     return json.loads(Path(str(out) + ".json").read_text()), torch.load(str(out) + ".pt")
 
 
+@pytest.fixture(scope="module")
+def torch_step(tiny_model_dir, tmp_path_factory):
+    """The single-process torch step every DeepSpeed case is compared with (run once: it is the same for all)."""
+    return _run_worker(tiny_model_dir, tmp_path_factory.mktemp("torch-step") / "torch", "torch", 1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world,micro,mode,zero", [(1, 0, "deepspeed", 2), (2, 0, "deepspeed", 2),
                                                    (2, 40, "deepspeed", 2), (2, 40, "deepspeed-ranks", 2),
                                                    (3, 0, "deepspeed-ranks", 2), (2, 40, "deepspeed-ranks", 3)])
-def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, world, micro, mode, zero):
+def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, torch_step, world, micro, mode, zero):
     """DeepSpeed ZeRO-2 on 1, 2 or 3 gloo ranks gives the single-process torch step; with token-budget
     micro-batches (ranks cut their parts into as many passes each, gradients accumulated to one boundary)
     too; and so does the service's protocol, where rank 0 plans the step and hands each rank only its
     share ("deepspeed-ranks"); also under ZeRO-3 (parameters partitioned, gathered by both ranks to read)."""
-    ref_m, ref_w = _run_worker(tiny_model_dir, tmp_path / "torch", "torch", 1)
+    ref_m, ref_w = torch_step
     ds_m, ds_w = _run_worker(tiny_model_dir, tmp_path / "ds", mode, world, micro_batch_tokens=micro, zero_stage=zero)
     assert ds_m["world"] == world
     assert all(n > 2 for n in ds_m["micro_batches"]) if micro else ds_m["micro_batches"] == [2, 2]

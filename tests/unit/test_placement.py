@@ -112,3 +112,20 @@ def test_ray_custom_resources_are_checked_against_what_the_cluster_offers():
         load_config("tiny-cpu", {"run.ray_actor_resources": {"actor_node": 0}})
     # the run folder's config keeps them
     assert validate(tomllib.loads(to_toml(c))).run.ray_learner_resources == {"learner_node": 1.0}
+
+
+def test_cpu_actors_on_one_cluster_node_claim_distinct_core_slots_freed_when_their_holder_goes(tmp_path):
+    """Each CPU actor host on a node takes the lowest free slot (a lock held while it lives): two take 0 and 1,
+    a third finds none; once slot 0's holder is gone, a new one (a restarted actor) takes 0 again."""
+    from cli.cluster import claim_core_slot, node_actor_capacity
+
+    a, b = claim_core_slot("job", 2, str(tmp_path)), claim_core_slot("job", 2, str(tmp_path))
+    assert (a[0], b[0]) == (0, 1)
+    assert claim_core_slot("job", 2, str(tmp_path)) is None
+    assert claim_core_slot("other-job", 2, str(tmp_path))[0] == 0  # another job's slots are its own
+    a[1].close()
+    assert claim_core_slot("job", 2, str(tmp_path))[0] == 0
+    # the slots a node has: what its custom resources allow, else the job's actor count
+    assert node_actor_capacity({"actor_node": 1}, {"actor_node": 2.0, "CPU": 4.0}, 4) == 2
+    assert node_actor_capacity({"actor_node": 2}, {"actor_node": 2.0}, 4) == 1
+    assert node_actor_capacity({}, {"CPU": 64.0}, 3) == 3
