@@ -118,8 +118,12 @@ class RoleHost:
         me = ray.get_runtime_context().get_node_id()
         total = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == me), {})
         capacity = node_actor_capacity(share["per_actor"], total, share["num_actors"])
-        claimed = claim_core_slot(share["key"], capacity) if capacity > 1 else None
+        if capacity < 2:
+            return {}  # the only CPU actor this node holds: vLLM's own binding takes its cores
+        claimed = claim_core_slot(share["key"], capacity)
         if claimed is None:
+            print(f"[{name}] WARNING: all {capacity} CPU slots of this node are taken (more actors here than its "
+                  f"Ray resources allow?): its engine keeps vLLM's own binding and shares a core", flush=True)
             return {}
         slot, self._slot_lock = claimed
         cores = cpu_cores(slot, capacity, sorted(os.sched_getaffinity(0)))

@@ -230,14 +230,18 @@ def test_sigkill_of_the_learner_resumes_with_actors_left_running(warm_model_dir,
     assert rows[-1]["step"] == 10 and rows[-1]["version"] == 10
 
 
-def start_brorl_run(model_dir: str, tmp_path: Path) -> subprocess.Popen:
-    """`brorl run --no-eval` as a process, on a long job that checkpoints only when stopped (and at 100)."""
-    cfg = job(model_dir, tmp_path, steps=200, **{"learner.checkpoint_interval": 100})
-    cfg_path = tmp_path / "job.toml"
+def brorl_run_process(cfg, folder: Path) -> subprocess.Popen:
+    """`brorl run --no-eval` of `cfg` as a process of its own (config in folder/job.toml, output in run.log)."""
+    cfg_path = folder / "job.toml"
     cfg_path.write_text(to_toml(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "cli", "run", "--config", str(cfg_path), "--no-eval"],
-                            cwd=ROOT, env=env, stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)
+                            cwd=ROOT, env=env, stdout=open(folder / "run.log", "wb"), stderr=subprocess.STDOUT)
+
+
+def start_brorl_run(model_dir: str, tmp_path: Path) -> subprocess.Popen:
+    """`brorl run --no-eval` as a process, on a long job that checkpoints only when stopped (and at 100)."""
+    return brorl_run_process(job(model_dir, tmp_path, steps=200, **{"learner.checkpoint_interval": 100}), tmp_path)
 
 
 def test_sigkill_of_brorl_run_takes_its_children_with_it(warm_model_dir, tmp_path):

@@ -4,21 +4,18 @@ continues with the expected step, version and prompts."""
 
 import json
 import math
-import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from config.loader import load_config, to_toml
+from config.loader import load_config
 from learner.checkpoint import Checkpointer
 from cli.launcher import Launcher
 from cli.display import status_lines
 from learner.metrics import read
-from tests.e2e.test_faults import ROOT, alive, tree, wait_for
+from tests.e2e.test_faults import alive, brorl_run_process, tree, wait_for
 
 
 def _ledger(run_dir: Path) -> list[dict]:
@@ -44,11 +41,7 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
 
     # `brorl run` as its own process, stopped with SIGTERM (what Ctrl-C, `docker stop` or a scheduler sends)
     run_dir.mkdir(parents=True)
-    (tmp_path / "job.toml").write_text(to_toml(cfg))
-    run = subprocess.Popen([sys.executable, "-m", "cli", "run", "--config", str(tmp_path / "job.toml"),
-                            "--no-eval"], cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-                           stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT)
+    run = brorl_run_process(cfg, tmp_path)
     try:
         wait_for(lambda: (st := ckpt.latest()) is not None and st.meta["step"] >= 4, 400, "no checkpoint at step 4")
         pids = tree(run.pid)
