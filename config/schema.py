@@ -98,7 +98,7 @@ class ActorConfig(_Section):
 
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation: slower generation on a GPU (debugging there). The CPU preset turns
-    it on: a tiny model's engine generates as fast eager, and starts (and restarts) 20-50 s sooner."""
+    it on: a tiny model's engine generates as fast eager, and starts (and restarts) sooner."""
 
     logprobs_at_end: bool = True
     """Have the engine send each completion's behaviour log-probs once, with its final output
