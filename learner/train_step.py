@@ -400,12 +400,23 @@ def enable_activation_checkpointing(model: torch.nn.Module, fraction: float = 1.
     return [i for i in range(len(layers)) if i not in kept]
 
 
+COMPILE_VARIANTS = 32
+"""How many compiled variants of a decoder layer's forward torch may keep (`torch._dynamo.config
+.recompile_limit`, 8 by default). Ordinary training meets up to 16: grad mode on (training) or off (π_old),
+the layer's input requiring grad or not, an attention mask or None (transformers drops the mask of a
+micro-batch without padding) and one row or more (torch specialises a size of 1). At the default, one
+step of a 2-rank learner reached the limit, after which torch runs every new variant uncompiled."""
+
+
 def compile_layers(model: torch.nn.Module) -> None:
     """torch.compile every decoder layer in place (`learner.compile`; dynamic shapes, since micro-batches
     differ in rows and length). Activation checkpointing, if on, recomputes the compiled layer."""
     layers = getattr(model.get_decoder(), "layers", None)
     if not layers:
         raise ValueError(f"learner.compile: {type(model).__name__} has no decoder layers to compile")
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILE_VARIANTS)
     for layer in layers:
         layer.compile(dynamic=True)
 

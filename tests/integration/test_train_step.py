@@ -276,7 +276,8 @@ def test_a_checkpointing_fraction_recomputes_that_share_of_the_layers_only(tiny_
 def test_compiled_layers_and_log_probs_give_the_eager_step(tiny_model_dir):
     """`learner.compile`: the compiled decoder layers and log-prob chunks (dynamic shapes: micro-batches of
     several lengths) give the eager step's loss and gradients, with activation checkpointing on too (half the
-    layers recomputed, half not)."""
+    layers recomputed, half not); 1-row micro-batches after those stay within the compiled variants torch
+    keeps (`COMPILE_VARIANTS`)."""
     import learner.logprobs as lp
 
     groups, eos = fixed_groups(tiny_model_dir)
@@ -285,7 +286,13 @@ def test_compiled_layers_and_log_probs_give_the_eager_step(tiny_model_dir):
         g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
     over = {"micro_batch_tokens": 64, "activation_checkpointing": True, "activation_checkpointing_fraction": 0.5}
     ref_m, ref_g = _one_step(tiny_model_dir, groups, eos, **over)
-    m, g = _one_step(tiny_model_dir, groups, eos, compile=True, **over)
+    torch._dynamo.reset()
+    # every variant a step meets stays compiled: hitting torch's recompile limit fails the step here
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        m, g = _one_step(tiny_model_dir, groups, eos, compile=True, **over)
+        one_row, _ = _one_step(tiny_model_dir, groups, eos, compile=True, micro_batch_tokens=1,
+                               activation_checkpointing=True)  # 1-row micro-batches, masks dropped
+    assert one_row["micro_batches"] > m["micro_batches"]
     assert lp._compiled_chunk_logp is not None  # the compiled chunk ran
     assert m["micro_batches"] == ref_m["micro_batches"] > 2
     # Qwen2's RMSNorm rounds to float32 and back in eager mode; the fused kernel may skip that round trip,
