@@ -59,11 +59,14 @@ class Held:
     def __init__(self) -> None:
         self.tokens, self.logprobs, self.ranks = array("q"), array("f"), array("q")
 
-    def lists(self, like: LogprobsLists) -> LogprobsLists:
-        """All positions as one `LogprobsLists` with the dtypes of vLLM's own (`like`: a step's)."""
-        return LogprobsLists(np.asarray(self.tokens, like.logprob_token_ids.dtype).reshape(-1, 1),
-                             np.frombuffer(self.logprobs, np.float32).astype(like.logprobs.dtype).reshape(-1, 1),
-                             np.asarray(self.ranks, like.sampled_token_ranks.dtype), None)
+    def lists(self, like: LogprobsLists | None) -> LogprobsLists:
+        """All positions as one `LogprobsLists` with the dtypes of vLLM's own (`like`: a step's; without
+        one, those of vLLM's sampler: int32 token ids, float32 log-probs, int64 ranks)."""
+        dt = ((like.logprob_token_ids.dtype, like.logprobs.dtype, like.sampled_token_ranks.dtype) if like is not None
+              else (np.int32, np.float32, np.int64))
+        return LogprobsLists(np.asarray(self.tokens, dt[0]).reshape(-1, 1),
+                             np.frombuffer(self.logprobs, np.float32).astype(dt[1]).reshape(-1, 1),
+                             np.asarray(self.ranks, dt[2]), None)
 
 
 class _HoldLogprobs:
@@ -84,8 +87,14 @@ class _HoldLogprobs:
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         lp = getattr(model_runner_output, "logprobs", None)
-        if not lp:
-            return self._forget_freed(super().update_from_output(scheduler_output, model_runner_output))
+        if not lp:  # a step without log-probs: a held request that ends in it still gets what it holds
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+            if self._held:
+                for client_outputs in outputs.values():
+                    for out in client_outputs.outputs:
+                        if out.finish_reason is not None and out.request_id in self._held:
+                            out.new_logprobs = self._held.pop(out.request_id).lists(None)
+            return self._forget_freed(outputs)
         model_runner_output.logprobs = None  # vLLM slices nothing; we do below, for whom it concerns
         try:
             outputs = super().update_from_output(scheduler_output, model_runner_output)

@@ -159,6 +159,15 @@ def test_a_prefill_step_without_a_token_holds_nothing_and_float32_values_survive
     assert o[0].new_logprobs.logprobs[0, 0] == odd  # float32 → Python float → float32 is exact
 
 
+def test_a_held_request_ending_in_a_step_without_log_probs_still_gets_its_own():
+    s = Sched()
+    add(s, "a", logprobs=0, output_kind=FIN)
+    step(s, Out("a", lp(-1.0, tokens=[5])))
+    o = step(s, Out("a", None, finish_reason="abort"))  # no rows for it in this step's batch
+    assert o[0].new_logprobs.logprobs[:, 0].tolist() == [-1.0] and not s._held
+    assert o[0].new_logprobs.logprob_token_ids.dtype == np.int32
+
+
 def test_aborted_and_vanished_requests_leave_nothing_held():
     s = Sched()
     for r in "abc":
