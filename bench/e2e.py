@@ -187,6 +187,7 @@ def main() -> None:
 
     if a.quick:
         a.shape, a.steps = "small", 6
+    a.overrides = overrides(a.set)  # parsed once, before any engine starts
     gpu = a.shape != "small"
     gpus = _gpus() if gpu else 0
     model = model_dir(a.shape)
@@ -201,7 +202,7 @@ def main() -> None:
     raws = {}
     for n in sorted({n for _, n, _ in cases}):
         preset, over = job(a.shape, 1, a.steps, model, n=n)
-        over.update(overrides(a.set))
+        over.update(a.overrides)
         raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["learner.prompts_per_step"], 1 if gpu else None)}
         print(f"raw engine, N = {n}: {raws[n]['samples_per_s']:.1f} samples/s", file=sys.stderr)
     runs, side_by_side = [], gpu and gpus >= 2 * (a.learner_gpus + 1)
@@ -238,7 +239,7 @@ def _write(a, model: str, raws: dict, runs: list[dict]):
     path = write_json("e2e" + (f"_{a.tag}" if a.tag else ""), {
         "shape": a.shape, "samples_per_step": SAMPLES_PER_STEP if a.shape != "small" else 128,
         "command": "python -m bench.e2e " + " ".join(sys.argv[1:]),
-        "job": {"preset": preset, **{k: v for k, v in {**over, **overrides(a.set)}.items()
+        "job": {"preset": preset, **{k: v for k, v in {**over, **a.overrides}.items()
                                      if "port" not in k and k != "model.path"}},
         "raw": list(raws.values()), "runs": runs})
     _plot(raws, runs, path.with_suffix(".png"))
@@ -269,7 +270,7 @@ def _one(a, model: str, case: tuple[int, int, str], first_gpu: int) -> dict:
     n_act, n, up = case
     preset, over = job(a.shape, n_act, a.steps, model, n=n, update=up, first_gpu=first_gpu,
                        learner_gpus=a.learner_gpus)
-    over.update(overrides(a.set))
+    over.update(a.overrides)
     if a.shape == "small":
         over = {k: v for k, v in over.items() if k not in ("learner.gpus", "actor.gpus", "learner.devices", "learner.device")}
     r = run_case(preset, over, n_act, f"run-{a.learner_gpus}-{n_act}-n{n}-{up}")
