@@ -12,7 +12,7 @@ completions run to `--max-tokens` (`ignore_eos`) so every case does the same wor
 × behaviour log-probs "on" (sent once per completion, at its end, as the actor gets them:
 `actors/vllm_scheduler.py`), "step" (vLLM's own delivery: every running request's new log-probs at every
 step) or "off" (what the log-probs cost).
-Reports the median over `--repeats` runs after a warm-up. Writes bench/results/actor[_<tag>].json and .png.
+Reports the median over `--repeats` runs after a warm-up (repeats interleaved: case A, B, ..., A, B, ...). Writes bench/results/actor[_<tag>].json and .png.
 """
 
 from __future__ import annotations
@@ -105,16 +105,20 @@ async def bench(args) -> list[dict]:
     rows = []
     try:
         await run_case(engine, cfg, 16, min(args.total, 64), args.prompt_len, vocab, "on", 999)  # warm-up
-        for n, logprobs in args.case_list:
-            runs = []
-            for r in range(args.repeats):
+        runs: dict[tuple[int, str], list[dict]] = {case: [] for case in args.case_list}
+        for r in range(args.repeats):  # repeats interleaved: a slow spell of a shared host hits every case
+            for n, logprobs in args.case_list:
                 await engine.reset_prefix_cache()  # every repeat starts cold, like fresh prompts
-                runs.append(await run_case(engine, cfg, n, args.total, args.prompt_len, vocab, logprobs, r))
-            med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+                runs[(n, logprobs)].append(await run_case(engine, cfg, n, args.total, args.prompt_len, vocab,
+                                                          logprobs, r))
+        for (n, logprobs), each in runs.items():
+            med = {k: statistics.median(x[k] for x in each) for k in each[0]}
             rows.append({"N": n, "prompts": args.total // n, "samples": args.total, "logprobs": logprobs,
                          "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-                         "max_num_seqs": cfg.actor.max_num_seqs, "repeats": args.repeats, **med})
-            print(f"  N={n} logprobs={logprobs}: {med['samples_per_s']:.1f} samples/s, "
+                         "max_num_seqs": cfg.actor.max_num_seqs, "repeats": args.repeats, **med,
+                         "samples_per_s_each": [round(x["samples_per_s"], 2) for x in each]})
+            print(f"  N={n} logprobs={logprobs}: {med['samples_per_s']:.1f} samples/s "
+                  f"(each: {', '.join(f'{x:.1f}' for x in rows[-1]['samples_per_s_each'])}), "
                   f"{med['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
     finally:
         engine.shutdown()

@@ -405,7 +405,10 @@ COMPILE_VARIANTS = 32
 .recompile_limit`, 8 by default). Ordinary training meets up to 16: grad mode on (training) or off (π_old),
 the layer's input requiring grad or not, an attention mask or None (transformers drops the mask of a
 micro-batch without padding) and one row or more (torch specialises a size of 1). At the default, one
-step of a 2-rank learner reached the limit, after which torch runs every new variant uncompiled."""
+step of a 2-rank learner reached the limit. Past the limit the learner fails loudly rather than let torch
+run new variants uncompiled: a rank that runs a layer eagerly produces its gradients in another order than
+a compiled rank, and ZeRO-2's bucketed gradient reduction assumes one order on every rank (a mismatch
+hangs the all-reduce or sums the wrong gradients)."""
 
 
 def compile_layers(model: torch.nn.Module) -> None:
@@ -417,6 +420,7 @@ def compile_layers(model: torch.nn.Module) -> None:
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILE_VARIANTS)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     for layer in layers:
         layer.compile(dynamic=True)
 
