@@ -48,7 +48,7 @@ def test_vllm_cuda_logprobs_and_nccl_weight_broadcast(tiny_model_dir):
     from transport.weights import WeightBroadcaster, WeightReceiver
 
     offline_env()
-    cfg = load_config("tiny-cpu", {"model.path": tiny_model_dir, "actor.gpu_memory_utilization": 0.3,
+    cfg = load_config("tiny-cpu", {"model.path": tiny_model_dir, "actor.gpu_memory_utilization": 0.3, "actor.kv_cache_gib": 0,
                                    "transport.weight_backend": "nccl"})
     llm = LLM(**engine_kwargs(cfg.model, cfg.actor, weight_backend="nccl"))
     learner_dev = torch.device("cuda:1")

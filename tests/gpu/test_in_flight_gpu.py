@@ -23,7 +23,7 @@ async def test_nccl_update_into_a_keep_paused_engine_labels_every_token(tiny_mod
     cfg = actor_cfg(tiny_model_dir, 16, **{"actor.in_flight_on_update": "keep", "actor.max_tokens": 192,
                                            "actor.max_model_len": 256, "learner.max_staleness": 8,
                                            "transport.weight_backend": "nccl", "model.dtype": "float32",
-                                           "actor.gpu_memory_utilization": 0.3})
+                                           "actor.gpu_memory_utilization": 0.3, "actor.kv_cache_gib": 0})
     parent = os.environ.get("CUDA_VISIBLE_DEVICES")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible_env([0], parent))  # the actor process sees GPU 0 only
     proc = start_actor(cfg, tmp_path, fl.work_url, "a0")
