@@ -49,6 +49,11 @@ def train_tokenizer(seed: int, spec: TinyModelSpec):
     return tok
 
 
+BUILDER = 2
+"""The builder's version, written into `brorl-tiny.json`: bump it whenever a build's output changes (the
+tokenizer, the architecture, the initialisation), so that `ensure_model` rebuilds folders of older builds."""
+
+
 def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Write tokenizer + randomly initialised Qwen2 model to `out_dir`; returns the folder."""
     import torch
@@ -79,7 +84,8 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = T
     model.generation_config.pad_token_id = eos_id
     model.save_pretrained(out, safe_serialization=True)
     hf_tok.save_pretrained(out)
-    meta = {"seed": seed, "spec": asdict(spec), "parameters": sum(p.numel() for p in model.parameters())}
+    meta = {"builder": BUILDER, "seed": seed, "spec": asdict(spec),
+            "parameters": sum(p.numel() for p in model.parameters())}
     (out / "brorl-tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
 

@@ -42,3 +42,52 @@ def test_loads_in_transformers(tiny_model_dir):
     out = model(torch.tensor([ids]))
     assert out.logits.shape == (1, len(ids), model.config.vocab_size)
     assert tok.eos_token_id == model.config.eos_token_id
+
+
+def test_ensure_model_rebuilds_a_tiny_model_of_an_older_builder_or_an_unfinished_warm_start(tmp_path, monkeypatch):
+    """`brorl run` reuses the tiny model under runs/ only if the current builder made it and its warm start
+    finished; otherwise it rebuilds and says why. A model brorl did not build is used as it is. (The warm
+    start itself is replaced by a recorder here: its own tests train it for real.)"""
+    import tinymodel
+    import tinymodel.warm_start as ws
+    from config.loader import load_config
+
+    calls = []
+
+    def fake_warm_start(cfg, path, seed=0):
+        calls.append(path)
+        return ws.SftResult(7, 0.3, [])
+
+    monkeypatch.setattr(ws, "warm_start", fake_warm_start)
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("tiny-cpu", {"model.path": "runs/m"})
+    said: list[str] = []
+    meta = tmp_path / "runs/m/brorl-tiny.json"
+    weights = tmp_path / "runs/m/model.safetensors"
+
+    tinymodel.ensure_model(cfg, log=said.append)
+    info = json.loads(meta.read_text())
+    assert info["builder"] == tinymodel.BUILDER and info["warm_start"] == {"updates": 7, "pass_at_1": 0.3}
+    assert len(calls) == 1
+    built = weights.stat().st_mtime_ns
+    tinymodel.ensure_model(cfg, log=said.append)  # current and finished: reused
+    assert len(calls) == 1 and weights.stat().st_mtime_ns == built
+
+    for change, why in [({"builder": 1}, "older brorl"), ({"warm_start": "pending"}, "never finished"),
+                        ({"builder": None, "warm_start": None}, "older brorl")]:
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), **change}))
+        said.clear()
+        tinymodel.ensure_model(cfg, log=said.append)
+        assert any(why in m for m in said if m.startswith("rebuilding")), (change, said)
+        assert json.loads(meta.read_text())["warm_start"] == {"updates": 7, "pass_at_1": 0.3}
+    assert len(calls) == 4
+
+    tinymodel.ensure_model(load_config("tiny-cpu", {"model.path": "runs/raw"}), sft=False, log=said.append)
+    assert json.loads((tmp_path / "runs/raw/brorl-tiny.json").read_text())["warm_start"] == "skipped"
+    said.clear()
+    tinymodel.ensure_model(load_config("tiny-cpu", {"model.path": "runs/raw"}), log=said.append)  # kept, with a note
+    assert len(calls) == 4 and any("without a warm start" in m for m in said)
+
+    meta.unlink()  # not built by brorl (no record): used as it is, whatever it holds
+    tinymodel.ensure_model(cfg, log=said.append)
+    assert len(calls) == 4 and not meta.exists()
