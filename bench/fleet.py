@@ -16,7 +16,8 @@
    the learner or the sync is the bottleneck).
 3. GPU validation: the 1.5B job of `bench.e2e` on H100s (1 learner GPU + 1 actor GPU, N = 16, K = 1,
    updates kept, budgets log-normal per prompt: `bench/results/e2e_h100.json` and that run's metrics
-   `e2e_h100_run-1-n16-keep.jsonl`), predicted from the raw engine's samples/s measured beside it and the
+   `e2e_h100_run-1-n16-keep.jsonl`) and on H200s (3 learner GPUs + 1 actor GPU, N = 16 and 512:
+   `e2e_h200_3l.json`, `e2e_h200_3l_run-1-n{16,512}-keep.jsonl`), each predicted from the raw engine's samples/s measured beside it and the
    learner's step time and weight-update cost from the run's steady state (`fleet.calibration.calibrate`),
    against the run's own steady state.
 Writes bench/results/fleet.json and fleet.png (`--only gpu`: the GPU validation alone, the rest kept).
@@ -62,15 +63,26 @@ def validate(seeds: int) -> list[dict]:
     return rows
 
 
+GPU_RUNS = ["e2e_h100", "e2e_h200_3l"]
+"""The end-to-end GPU runs validated against (`bench/results/<stem>.json` and each run's metrics beside it)."""
+
+
 def gpu_validate(seeds: int) -> list[dict]:
+    rows = []
+    for stem in GPU_RUNS:
+        rows += _gpu_validate_one(stem, seeds)
+    return rows
+
+
+def _gpu_validate_one(stem: str, seeds: int) -> list[dict]:
     from bench.e2e import WARM, summarise
     from fleet.calibration import calibrate
 
-    e2e = json.loads((RESULTS / "e2e_h100.json").read_text())
+    e2e = json.loads((RESULTS / f"{stem}.json").read_text())
     job, raw = e2e["job"], {r["n"]: r for r in e2e["raw"]}
     rows = []
     for run in e2e["runs"]:
-        path = RESULTS / f"e2e_h100_run-{run['actors']}-n{run['n']}-{run['update']}.jsonl"
+        path = RESULTS / f"{stem}_run-{run['actors']}-n{run['n']}-{run['update']}.jsonl"
         metrics = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         steady = metrics[WARM:]
         idle = metrics[-1].get("actor_idle_s", 0.0) - metrics[WARM - 1].get("actor_idle_s", 0.0)
@@ -95,7 +107,8 @@ def gpu_validate(seeds: int) -> list[dict]:
                      "wait_share": statistics.mean(r.learner_wait_share for r in sims),
                      "actor_idle_share": statistics.mean(r.actor_idle_share for r in sims),
                      "staleness_mean": statistics.mean(r.staleness_mean for r in sims)}
-        row = {"gpus": f"1 + {run['actors']}", "n": run["n"], "update": run["update"]}
+        row = {"run": stem, "card": e2e["stamp"].get("device", ""), "gpus": f"{run.get('learner_gpus', 1)} + {run['actors']}",
+               "n": run["n"], "update": run["update"]}
         for k in measured:
             row[f"{k}_measured"], row[f"{k}_predicted"] = measured[k], predicted[k]
             row[f"{k}_error"] = (predicted[k] - measured[k]) / measured[k] if measured[k] else predicted[k]
@@ -130,7 +143,7 @@ def main() -> None:
     gpu = gpu_validate(args.seeds)
     print("GPU validation: the 1.5B job on H100s (bench.e2e), predicted from the raw engine and the learner's "
           "step, against the run")
-    print(table(gpu, ["gpus", "n", "update", "samples_per_s_measured", "samples_per_s_predicted", "samples_per_s_error",
+    print(table(gpu, ["card", "gpus", "n", "update", "samples_per_s_measured", "samples_per_s_predicted", "samples_per_s_error",
                       "wait_share_measured", "wait_share_predicted", "wait_share_error", "actor_idle_share_measured",
                       "actor_idle_share_predicted", "staleness_mean_measured", "staleness_mean_predicted",
                       "staleness_mean_error"]))
