@@ -112,6 +112,32 @@ def _has_flat_logprobs() -> bool:
     return "flat_logprobs" in fields
 
 
+def texts_at_end(actor: ActorConfig) -> bool:
+    """Whether the actor's requests skip vLLM's detokenizer (`detokenize=False`) and the actor decodes each
+    completion once, at its end (`CompletionDecoder`). vLLM's front end otherwise turns every new token of
+    every running request into text at every step, and once more into a string for its log-prob entry, in
+    the actor's own process: most of that process's time in a profile of `brorl run` on an H200 (README,
+    Results). Stop strings need vLLM's detokenizer, so with `actor.stop` set vLLM keeps it."""
+    return not actor.stop
+
+
+class CompletionDecoder:
+    """A group's completion texts from their token ids, as vLLM's detokenizer gives them: special tokens
+    skipped, no clean-up of spaces, and the stop token that ended a completion left out (vLLM leaves it
+    out of the text too). The tokenizer is the model folder's own, as the engine's is."""
+
+    def __init__(self, model_path: str):
+        self.model_path, self._tok = model_path, None
+
+    def __call__(self, outs) -> list[str]:
+        if self._tok is None:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.model_path)
+        ids = [list(o.token_ids[:-1] if o.finish_reason == "stop" and o.token_ids else o.token_ids) for o in outs]
+        return self._tok.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 def completion_arrays(outs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A group's completions (vLLM `CompletionOutput`s, requested with `logprobs=0`) as the wire wants
     them: lengths [N] int32, tokens [Σ] int32 and each sampled token's behaviour log-prob [Σ] float32

@@ -71,7 +71,9 @@ class ActorConfig(_Section):
     """Log-σ of `length_dist = "lognormal"` (1.0: the 99th percentile ~10 × the median)."""
 
     stop: list[str] = Field(default_factory=list)
-    """Extra stop strings; the tokenizer's end-of-sequence token always stops."""
+    """Extra stop strings; the tokenizer's end-of-sequence token always stops. Without stop strings the
+    actor asks vLLM for no text and decodes each completion once, at its end; stop strings need vLLM's
+    per-step detokenizer, which costs the actor's process time at every step."""
 
     max_num_seqs: int = Field(256, ge=1)
     """vLLM `max_num_seqs`: sequences decoded concurrently. Must not exceed
