@@ -88,7 +88,9 @@ def vllm_engine(tiny_cfg):
 
     llm = LLM(**engine_kwargs(tiny_cfg.model, tiny_cfg.actor, seed=0))
     yield llm
-    del llm
+    # shut down explicitly: left to the interpreter's exit, its engine-core and worker processes outlived
+    # pytest (their finaliser ran after module teardown and failed)
+    llm.llm_engine.engine_core.shutdown()
 
 
 @pytest.fixture(scope="session")

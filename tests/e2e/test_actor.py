@@ -115,8 +115,14 @@ async def sc(tiny_model_dir, tmp_path_factory):
     fl = FakeLearner(model)
     proc = start_actor(actor_cfg(tiny_model_dir, 8), tmp_path_factory.mktemp("actor"), fl.work_url, "a0")
     yield Scenario(fl, proc, model, tiny_model_dir)
-    if proc.poll() is None:
+    if proc.poll() is None:  # with its engine's processes: killed alone, the actor left them running
+        tree = psutil.Process(proc.pid).children(recursive=True)
         proc.kill()
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
     fl.close()
 
 
