@@ -112,24 +112,25 @@ def _has_flat_logprobs() -> bool:
     return "flat_logprobs" in fields
 
 
-def texts_at_end(actor: ActorConfig) -> bool:
-    """Whether the actor's requests skip vLLM's detokenizer (`detokenize=False`) and the actor decodes each
-    completion once, at its end (`CompletionDecoder`). vLLM's front end otherwise turns every new token of
-    every running request into text at every step, and once more into a string for its log-prob entry, in
-    the actor's own process: most of that process's time in a profile of `brorl run` on an H200 (README,
-    Results). Stop strings need vLLM's detokenizer, so with `actor.stop` set vLLM keeps it."""
-    return not actor.stop
+class CompletionTexts:
+    """A group's completion texts, as vLLM's detokenizer gives them. Without stop strings (`actor.stop`) the
+    requests skip vLLM's detokenizer (`request_kwargs`: `detokenize=False`) and each completion is decoded
+    once, at its end: special tokens skipped, no clean-up of spaces, and the stop token that ended it left
+    out (vLLM leaves it out too). vLLM's front end otherwise turns every new token of every running request
+    into text at every step, and once more into a string for its log-prob entry, in the actor's own
+    process: most of that process's time in a profile of `brorl run` on an H200 (README, Results). Stop
+    strings need vLLM's detokenizer, so with them its text is used. The tokenizer is the model folder's
+    own, as the engine's is."""
 
+    def __init__(self, model_path: str, actor: ActorConfig):
+        self.model_path, self.at_end, self._tok = model_path, not actor.stop, None
 
-class CompletionDecoder:
-    """A group's completion texts from their token ids, as vLLM's detokenizer gives them: special tokens
-    skipped, no clean-up of spaces, and the stop token that ended a completion left out (vLLM leaves it
-    out of the text too). The tokenizer is the model folder's own, as the engine's is."""
-
-    def __init__(self, model_path: str):
-        self.model_path, self._tok = model_path, None
+    def request_kwargs(self) -> dict[str, Any]:
+        return {"detokenize": False} if self.at_end else {}
 
     def __call__(self, outs) -> list[str]:
+        if not self.at_end:
+            return [o.text for o in outs]
         if self._tok is None:
             from transformers import AutoTokenizer
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from actors.engine import CompletionDecoder, build_group, request_max_tokens, sampling_params, texts_at_end
+from actors.engine import CompletionTexts, build_group, request_max_tokens, sampling_params
 from actors.in_flight import TokenVersions
 from actors.scoring import ScoringPool, verifier_failed
 from actors.stats import ActorStats, EngineLoad
@@ -28,7 +28,7 @@ class GroupPipeline:
     def __init__(self, cfg: BrorlConfig, actor_id: str, supervisor: EngineSupervisor, sync: WeightSync,
                  load: EngineLoad, pool: ScoringPool, verifiers: Registry, stats: ActorStats, versions: TokenVersions):
         self.cfg, self.actor_id, self.versions = cfg, actor_id, versions
-        self.decode = CompletionDecoder(cfg.model.path) if texts_at_end(cfg.actor) else None
+        self.texts = CompletionTexts(cfg.model.path, cfg.actor)
         self.supervisor, self.sync, self.load = supervisor, sync, load
         self.pool, self.verifiers, self.stats = pool, verifiers, stats
         self.era = 0
@@ -49,7 +49,7 @@ class GroupPipeline:
         try:
             sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY,
                                  max_tokens=request_max_tokens(a, self.cfg.run.seed, item.prompt_id),
-                                 **({"detokenize": False} if self.decode else {}))
+                                 **self.texts.request_kwargs())
             async for out in self.supervisor.engine.generate(item.prompt, sp, rid):
                 final = out
         except BaseException:
@@ -67,8 +67,7 @@ class GroupPipeline:
         t1 = time.monotonic()
         path = self.verifiers.path(item.verifier)
         scored = None if path is None else await self.pool.score(
-            path, self.verifiers.get(item.verifier).version,
-            self.decode(outs) if self.decode else [o.text for o in outs], item.reference)
+            path, self.verifiers.get(item.verifier).version, self.texts(outs), item.reference)
         self.stats.score_s += time.monotonic() - t1
         if era != self.era:
             return True  # the learner restarted meanwhile: nobody wants this group any more

@@ -83,7 +83,7 @@ def model_dir(shape: str) -> str:
 
 
 async def _raw(cfg, prompts: int) -> dict:
-    from actors.engine import CompletionDecoder, make_async_engine, request_max_tokens, sampling_params, texts_at_end
+    from actors.engine import CompletionTexts, make_async_engine, request_max_tokens, sampling_params
     from learner.batching import TaskStream
     from vllm.sampling_params import RequestOutputKind
 
@@ -92,17 +92,17 @@ async def _raw(cfg, prompts: int) -> dict:
     items = [tasks[i] for i in range(prompts)]
     a = cfg.actor
     tokens = 0
-    decode = CompletionDecoder(cfg.model.path) if texts_at_end(a) else None  # the text as the actor gets it
+    texts_of = CompletionTexts(cfg.model.path, a)  # the text as the actor gets it
 
     async def one(i: int, prompt: str) -> None:
         nonlocal tokens
         sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=request_max_tokens(a, cfg.run.seed, i),
-                             **({"detokenize": False} if decode else {}))
+                             **texts_of.request_kwargs())
         final = None
         async for out in engine.generate(prompt, sp, f"raw-{i}"):
             final = out
         assert final is not None and len(final.outputs) == a.n_samples
-        texts = decode(final.outputs) if decode else [o.text for o in final.outputs]
+        texts = texts_of(final.outputs)
         assert all(o.logprobs is not None for o in final.outputs) and len(texts) == a.n_samples
         tokens += sum(len(o.token_ids) for o in final.outputs)
 

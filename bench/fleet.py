@@ -141,7 +141,7 @@ def main() -> None:
     from bench.common import stamp, table, write_json
 
     gpu = gpu_validate(args.seeds)
-    print("GPU validation: the 1.5B job on H100s (bench.e2e), predicted from the raw engine and the learner's "
+    print("GPU validation: the 1.5B job on GPUs (bench.e2e; card per row), predicted from the raw engine and the learner's "
           "step, against the run")
     print(table(gpu, ["card", "gpus", "n", "update", "samples_per_s_measured", "samples_per_s_predicted", "samples_per_s_error",
                       "wait_share_measured", "wait_share_predicted", "wait_share_error", "actor_idle_share_measured",

@@ -23,6 +23,7 @@ import torch
 from config.loader import load_config, to_toml
 from learner.logprobs import pack, token_logprobs
 from tests.support.fake_learner import FakeLearner
+from tests.support.procs import stop_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 # Behaviour log-probs against a transformers recompute on the same weights: vLLM and torch differ only
@@ -115,14 +116,7 @@ async def sc(tiny_model_dir, tmp_path_factory):
     fl = FakeLearner(model)
     proc = start_actor(actor_cfg(tiny_model_dir, 8), tmp_path_factory.mktemp("actor"), fl.work_url, "a0")
     yield Scenario(fl, proc, model, tiny_model_dir)
-    if proc.poll() is None:  # with its engine's processes: killed alone, the actor left them running
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        proc.kill()
-        for p in tree:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+    stop_tree(proc)  # with its engine's processes: killed alone, the actor left them running
     fl.close()
 
 

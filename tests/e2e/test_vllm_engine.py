@@ -144,16 +144,16 @@ async def test_logprobs_sent_at_the_end_equal_vllms_per_step(tiny_cfg):
 @pytest.mark.vllm
 def test_completion_texts_decoded_at_the_end_equal_vllms_detokenizer(vllm_engine, tiny_cfg, tiny_model_dir):
     """The actor asks vLLM for no text (`detokenize=False`) and decodes each completion once, at its end
-    (`CompletionDecoder`): the verifiers must see exactly the text vLLM's incremental detokenizer gives,
+    (`CompletionTexts`): the verifiers must see exactly the text vLLM's incremental detokenizer gives,
     for completions ended by the length budget and by the end-of-sequence token alike."""
-    from actors.engine import CompletionDecoder, sampling_params
+    from actors.engine import CompletionTexts, sampling_params
 
     prompts = ["3+4=", "25-7=", "9+9=", "100-1=", "7+"]
     outs = vllm_engine.generate(prompts, sampling_params(tiny_cfg.actor, n=16, max_tokens=40, seed=5))
     done = [c for o in outs for c in o.outputs]
     reasons = {c.finish_reason for c in done}
     assert reasons == {"stop", "length"}, reasons  # both endings are exercised
-    assert CompletionDecoder(tiny_model_dir)(done) == [c.text for c in done]
+    assert CompletionTexts(tiny_model_dir, tiny_cfg.actor)(done) == [c.text for c in done]
     assert any(c.text for c in done)
     # and the engine, asked for no text, gives none: the decoder is what the verifiers get
     bare = vllm_engine.generate(prompts[:1], sampling_params(tiny_cfg.actor, n=4, max_tokens=8, detokenize=False))

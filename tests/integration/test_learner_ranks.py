@@ -18,6 +18,7 @@ from learner.metrics import read
 from learner.service import LearnerService
 from tests.integration.test_learner_service import B, N, check_accounting, job
 from tests.support.fake_actor import FakeActor
+from tests.support.procs import stop_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -38,17 +39,6 @@ def ranks_of(learner: subprocess.Popen) -> list[int]:
     import psutil
 
     return [c.pid for c in psutil.Process(learner.pid).children()]
-
-
-def stop_tree(learner: subprocess.Popen) -> None:
-    """SIGKILL a learner that is still running and its ranks (a failed test leaves nothing behind)."""
-    import psutil
-
-    if learner.poll() is None:
-        for c in psutil.Process(learner.pid).children(recursive=True):
-            c.kill()
-        learner.kill()
-    learner.wait()
 
 
 async def train_with(cfg, learner: subprocess.Popen, tmp_path: Path, timeout_s: float = 240.0) -> list[FakeActor]:
