@@ -139,7 +139,7 @@ def run_case(preset: str, over: dict, actors: int, tag: str) -> dict:
 def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
     """A finished run's metrics rows: steady-state samples/s (steps from `WARM` on), the actors' idle share,
     the learner's waiting share and seconds per step, and the per-step breakdown."""
-    from learner.metrics import loop_seconds
+    from learner.metrics import ACTOR_COUNTERS, loop_seconds
 
     if len(m) <= WARM:
         raise RuntimeError(f"{tag}: {len(m)} steps, need more than {WARM} for a steady state")
@@ -149,11 +149,13 @@ def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
     prev = m[WARM - 1]
     per_step = []
     for a, b in zip(m, m[1:]):
-        d = {k: (b.get(f"actor_{k}", 0.0) - a.get(f"actor_{k}", 0.0)) / actors for k in ("idle_s", "update_s", "score_s")}
+        d = {k: (b.get(f"actor_{k}", 0.0) - a.get(f"actor_{k}", 0.0)) / actors for k in ACTOR_COUNTERS}
         per_step.append({"step": b["step"], "wait_s": b["wait_s"], "train_s": b["train_s"],
                          "broadcast_s": b["broadcast_s"], **{f"actor_{k}": v for k, v in d.items()}})
     idle = (m[-1].get("actor_idle_s", 0.0) - prev.get("actor_idle_s", 0.0)) / actors
+    aborted = (m[-1].get("actor_aborted_stale", 0.0) - prev.get("actor_aborted_stale", 0.0)) / actors
     return {"actors": actors, "steps": len(m), "samples_per_s": gen / loop, "per_actor_samples_per_s": gen / loop / actors,
+            "aborted_stale_requests": aborted,  # per actor, steady state: generation thrown away at updates (keep)
             "actor_idle_share": idle / loop, "learner_wait_share": sum(r["wait_s"] for r in steady) / loop,
             "train_s_per_step": sum(r["train_s"] for r in steady) / len(steady),
             "broadcast_s_per_step": sum(r["broadcast_s"] for r in steady) / len(steady),
@@ -230,7 +232,7 @@ def main() -> None:
     print("\nbrorl run (steady state)")
     print(table(runs, ["learner_gpus", "actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
                        "actor_idle_share", "busy_of_raw", "learner_wait_share", "train_s_per_step",
-                       "broadcast_s_per_step", "kept_share"]))
+                       "broadcast_s_per_step", "kept_share", "aborted_stale_requests"]))
     path = _write(a, model, raws, runs)
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
 

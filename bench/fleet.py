@@ -17,7 +17,8 @@
 3. GPU validation: the 1.5B job of `bench.e2e` on H100s (1 learner GPU + 1 actor GPU, N = 16, K = 1,
    updates kept, budgets log-normal per prompt: `bench/results/e2e_h100.json` and that run's metrics
    `e2e_h100_run-1-n16-keep.jsonl`) and on H200s (3 learner GPUs + 1 actor GPU, N = 16 and 512:
-   `e2e_h200_3l.json`, `e2e_h200_3l_run-1-n{16,512}-keep.jsonl`), each predicted from the raw engine's samples/s measured beside it and the
+   `e2e_h200_3l.json`, `e2e_h200_3l_run-1-n{16,512}-keep.jsonl`; again with updates finished too:
+   `e2e_h200_3l_p3.json` and its runs' metrics), each predicted from the raw engine's samples/s measured beside it and the
    learner's step time and weight-update cost from the run's steady state (`fleet.calibration.calibrate`),
    against the run's own steady state.
 Writes bench/results/fleet.json and fleet.png (`--only gpu`: the GPU validation alone, the rest kept).
@@ -63,7 +64,7 @@ def validate(seeds: int) -> list[dict]:
     return rows
 
 
-GPU_RUNS = ["e2e_h100", "e2e_h200_3l"]
+GPU_RUNS = ["e2e_h100", "e2e_h200_3l", "e2e_h200_3l_p3"]
 """The end-to-end GPU runs validated against (`bench/results/<stem>.json` and each run's metrics beside it)."""
 
 
@@ -86,7 +87,8 @@ def _gpu_validate_one(stem: str, seeds: int) -> list[dict]:
         metrics = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         steady = metrics[WARM:]
         idle = metrics[-1].get("actor_idle_s", 0.0) - metrics[WARM - 1].get("actor_idle_s", 0.0)
-        seqs = job["actor.n_samples"] * job["learner.prompts_per_step"]
+        b = max(1, e2e["samples_per_step"] // run["n"])  # the run's prompts a step (the job written is N = 16's)
+        seqs = run["n"] * b
         cal = calibrate(steady, idle, run["n"], seqs, gen_half_seqs=128.0)
         mean_tokens = sum(r["tokens"] for r in steady) / sum(r["generated"] for r in steady)
         load = sum(p["actor_update_s"] for p in summarise(metrics, run["actors"])["per_step"][WARM:]) / len(steady)
@@ -94,8 +96,7 @@ def _gpu_validate_one(stem: str, seeds: int) -> list[dict]:
         rates = {**cal["rates"], "gen_tokens_per_s": raw[run["n"]]["samples_per_s"] * mean_tokens * (seqs + 128) / seqs,
                  "load_s": load}
         sims = [simulate(fleet_from({**cal, "rates": rates}, actors=run["actors"], n=run["n"],
-                                    prompts_per_step=job["learner.prompts_per_step"],
-                                    prompts_per_request=job["learner.prompts_per_step"],
+                                    prompts_per_step=b, prompts_per_request=b,
                                     max_staleness=job["learner.max_staleness"], mean_tokens=job["actor.length_median"],
                                     length_sigma=job.get("actor.length_sigma", 1.0),  # the schema default
                                     max_tokens=job["actor.max_tokens"], lengths="prompt",

@@ -3,8 +3,9 @@
 `bench.staleness` writes `bench/results/fleet_calibration.json` from its on-policy run (K = 0), in steady
 state: the job's own per-step metrics give the learner's time per trained token (a least-squares line over
 the steps, or the mean step), the weight update's cost (the fastest step's broadcast: nothing in flight to
-wait for), the mean completion length and the dynamic-sampling keep rate; the actor engine's rate is its
-tokens/s while it had work, scaled until the simulated run gives the measured samples/s (one fitted
+wait for), the actor's weight load (its fastest update of a step, less the transfer), the mean
+completion length and the dynamic-sampling keep rate; the actor engine's rate is its tokens/s while it
+had work, scaled until the simulated run gives the measured samples/s (one fitted
 number). The runs with K > 0 are then predictions, compared with what was measured (`python -m bench.fleet`).
 """
 
@@ -36,6 +37,13 @@ def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: 
         slope, fixed = 0.0, float(train_s.mean())
     loop = loop_seconds(metrics)
     generated_tokens = sum(r["tokens"] for r in metrics)
+    sync = float(min(r["broadcast_s"] for r in metrics))
+    # the actor's weight load: its fastest update of a step (nothing in flight to finish first) less the
+    # transfer, which the simulator adds itself (`sync_s_fixed`). Rows of several runs may be pooled: a
+    # run's first row then follows another run's last, and that difference is not an update.
+    updates = np.diff([r.get("actor_update_s", 0.0) for r in metrics])
+    updates = updates[updates > 0]
+    load = max(float(updates.min()) - sync, 0.0) if updates.size else 0.0
     busy = max(loop - actor_idle_s, 1e-9)
     rate = generated_tokens / busy  # tokens/s of the engine while it had work
     # dynamic sampling's keep rate: of the groups that reached it (a group dropped as too stale, or whose lease
@@ -45,7 +53,7 @@ def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: 
         "rates": asdict(Rates(
             gen_tokens_per_s=rate * (seqs_in_flight + gen_half_seqs) / seqs_in_flight, gen_half_seqs=gen_half_seqs,
             train_s_per_token=max(float(slope), 0.0), train_s_fixed=max(float(fixed), 0.0),
-            sync_s_fixed=float(min(r["broadcast_s"] for r in metrics)), load_s=0.0)),
+            sync_s_fixed=sync, load_s=load)),
         "mean_tokens": generated_tokens / max(sum(r["generated"] for r in metrics), 1),
         "keep_rate": sum(r["groups_kept"] for r in metrics) / max(received, 1),
         "n": n,

@@ -84,6 +84,11 @@ def read(path: str | Path) -> list[dict]:
     return rows
 
 
+ACTOR_COUNTERS = ("idle_s", "update_s", "score_s", "aborted", "aborted_stale")
+"""The actors' heartbeat counters every metrics row carries (`actor_<name>`, summed over the actors, cumulative):
+idle, weight-update and scoring seconds, and requests aborted (by an update; as too stale for it)."""
+
+
 def loop_seconds(rows: list[dict]) -> float:
     """The learner's loop time over these metrics rows: waiting for data, training and broadcasting."""
     return sum(r["wait_s"] + r["train_s"] + r["broadcast_s"] for r in rows)

@@ -8,6 +8,7 @@ rank 0 sends its own; under ZeRO-3 every rank gathers each bucket with it, `gath
 one command at a time, over a gloo group of their own (commands are small Python objects; the training
 collectives stay on DeepSpeed's group, NCCL on GPUs):
 
+    ("warm_up", None)     `learner.compile`: compile now, before the first step (`Trainer.warm_up`)
     ("step", RankShare)   train on this share of the step (`learner.train_step.Trainer.run`)
     ("save", folder)      write this rank's optimizer shard into the checkpoint folder being written
     ("gather", (a, b))    ZeRO-3: gather the parameters of state_dict entries [a, b) with rank 0 (None:
@@ -25,6 +26,7 @@ import contextlib
 import datetime
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,7 @@ class Ranks:
 
         self.rank, self.local_rank, self.world = env_rank()
         self.group = None
+        self._sending = threading.Lock()  # commands come from more than one thread (the compile warm-up's)
         if self.world > 1:
             if not dist.is_initialized():
                 raise RuntimeError("Ranks: torch.distributed is not initialised (join_ranks does it)")
@@ -90,7 +93,8 @@ class Ranks:
         """Rank 0: send command `name` with `per_rank[r]` to rank r; returns rank 0's own item."""
         if self.world == 1:
             return per_rank[0]
-        return self._scatter([(name, x) for x in per_rank])[1]
+        with self._sending:
+            return self._scatter([(name, x) for x in per_rank])[1]
 
     def receive(self, name: str) -> Any:
         """Ranks > 0: the next command, which must be `name`; returns its argument."""
@@ -151,6 +155,8 @@ class Ranks:
             name, arg = self._scatter(None)
             if name == "step":
                 trainer.run(arg)
+            elif name == "warm_up":
+                log.info("rank %d: learner.compile: compiled before the first step in %.1f s", self.rank, trainer.warm_up())
             elif name == "save":
                 torch.save(trainer.backend.optimizer_state(), Path(arg) / Checkpointer.optimizer_file(self.rank))
                 self.barrier()

@@ -24,7 +24,7 @@ from learner.admin import AdminDesk
 from learner.batching import Admission, Batch, Batcher, Dispatcher, Membership
 from learner.diagnose import why_no_batch
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
-from learner.metrics import MetricsWriter, open_append
+from learner.metrics import ACTOR_COUNTERS, MetricsWriter, open_append
 from learner.ranks import Ranks, build_trainer, follow, join_ranks
 from learner.report import StepReport
 from learner.train_step import TrainGroup
@@ -51,8 +51,7 @@ def main(cfg: BrorlConfig, resume: bool) -> int:
 
 class LearnerService:
     def __init__(self, cfg: BrorlConfig, *, resume: bool = False, ranks: Ranks | None = None):
-        self.cfg = cfg
-        self.ranks = ranks or Ranks()
+        self.cfg, self.ranks = cfg, ranks or Ranks()
         self.ckpt = Checkpointer(cfg.run.run_dir, keep=cfg.learner.checkpoint_keep)
         self.ckpt.clean_leftovers()
         saved = self.ckpt.latest() if resume else None
@@ -64,8 +63,7 @@ class LearnerService:
         self.trainer, self.tokenizer = build_trainer(cfg, saved.model_dir if saved else cfg.model.path, self.ranks)
         model = self.trainer.model
         self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
-        self.dispatcher = Dispatcher(cfg)
-        self.admission = Admission(cfg.learner.max_staleness)
+        self.dispatcher, self.admission = Dispatcher(cfg), Admission(cfg.learner.max_staleness)
         self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                self.dispatcher.give_back)
         t = cfg.transport
@@ -110,6 +108,7 @@ class LearnerService:
     # ------------------------------------------------------------------ the loop
     async def train(self) -> None:
         """Await a batch, train, publish, commit, checkpoint, evaluate, report — until the last step."""
+        self.trainer.compiling.start(self.trainer)        # learner.compile: compile while the first groups come
         if self.version == 0:
             await self.evaluate_if_due()                  # held-out pass@1 before the first step
         report = StepReport()
@@ -170,12 +169,12 @@ class LearnerService:
         self.dispatcher.commit(trained + dropped)
         self._record({"step": self.version, "trained": trained, "dropped": dropped})
         self.generated_total += stats["generated"]
-        self._no_progress = 0
         actors = self.members.actor_stats.values()
         report.update({**stats, **self.admission.take_stats(), **self.validator.take_stats(), "version": self.version,
                        "no_progress_warnings": float(self._no_progress),  # then actors' cumulative heartbeat counters
-                       **{f"actor_{k}": sum(a.get(k, 0.0) for a in actors) for k in ("idle_s", "update_s", "score_s")},
+                       **{f"actor_{k}": sum(a.get(k, 0.0) for a in actors) for k in ACTOR_COUNTERS},
                        "actor_engine_restarts": sum(a.get("engine_restarts", 0) for a in actors)})
+        self._no_progress = 0  # (after the report: the warnings of this step's wait are counted in it)
 
     async def publish_weights(self) -> None:
         """Announce the current version and broadcast it to the live actors, regrouping first if membership
@@ -490,6 +489,7 @@ class LearnerService:
                 await self.checkpoint_if_due(force=True)
             self._record({"end": self.version, "pending": sorted(self.dispatcher.pending)})
             await self.sockets.control.publish("stop")
+            self.trainer.compiling.join()
             self.ranks.stop_followers()  # only here: after an error a step may still be running in its thread
             return 0
         finally:

@@ -45,6 +45,7 @@ from learner.algorithm import (
     scaled_lr,
 )
 from learner.backends import Backend, make_backend
+from learner.compiling import WarmUp, compile_layers, warm_up
 from learner.logprobs import pack, token_logprobs
 from transport import wire
 
@@ -154,6 +155,8 @@ class Trainer:
         if cfg.kl_coef > 0:
             self.state.ref_model = self._frozen_copy()
         self._gen = torch.Generator().manual_seed(cfg.seed)
+        self.compiling = WarmUp()
+        """`learner.compile`: every rank compiles in a thread while the first groups come; the first step waits."""
 
     @property
     def model(self) -> torch.nn.Module:
@@ -195,9 +198,15 @@ class Trainer:
                 model, packed, temperature=self.temperature, chunk_mb=self.cfg.logprob_chunk_mb,
                 compiled=self.cfg.compile)
 
+    def warm_up(self) -> float:
+        """This rank's compilation before the first step (`learner.compiling.warm_up`); 0 s without
+        `learner.compile`."""
+        return warm_up(self) if self.cfg.compile else 0.0
+
     def step(self, groups: list[TrainGroup]) -> dict[str, float]:
         """One training step on `groups` (rank 0, or the only process): plan it, hand every rank its share,
         train on our own. Returns the step's metrics (summed or averaged over all ranks)."""
+        self.compiling.join()
         self.updates_in_step = 0  # optimizer steps applied so far in this step (0: an exception changed nothing)
         t0 = time.perf_counter()
         metrics, shares = self.plan(groups)
@@ -398,31 +407,6 @@ def enable_activation_checkpointing(model: torch.nn.Module, fraction: float = 1.
     for i in kept:
         layers[i].gradient_checkpointing = False
     return [i for i in range(len(layers)) if i not in kept]
-
-
-COMPILE_VARIANTS = 32
-"""How many compiled variants of a decoder layer's forward torch may keep (`torch._dynamo.config
-.recompile_limit`, 8 by default). Ordinary training meets up to 16: grad mode on (training) or off (π_old),
-the layer's input requiring grad or not, an attention mask or None (transformers drops the mask of a
-micro-batch without padding) and one row or more (torch specialises a size of 1). At the default, one
-step of a 2-rank learner reached the limit. Past the limit the learner fails loudly rather than let torch
-run new variants uncompiled: a rank that runs a layer eagerly produces its gradients in another order than
-a compiled rank, and ZeRO-2's bucketed gradient reduction assumes one order on every rank (a mismatch
-hangs the all-reduce or sums the wrong gradients)."""
-
-
-def compile_layers(model: torch.nn.Module) -> None:
-    """torch.compile every decoder layer in place (`learner.compile`; dynamic shapes, since micro-batches
-    differ in rows and length). Activation checkpointing, if on, recomputes the compiled layer."""
-    layers = getattr(model.get_decoder(), "layers", None)
-    if not layers:
-        raise ValueError(f"learner.compile: {type(model).__name__} has no decoder layers to compile")
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILE_VARIANTS)
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
-    for layer in layers:
-        layer.compile(dynamic=True)
 
 
 def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[int] | None = None,

@@ -214,20 +214,45 @@ def test_bf16_parameters_are_refused_and_bf16_compute_keeps_fp32_master_weights(
     assert losses[torch.bfloat16] == pytest.approx(losses[torch.float32], rel=0.1, abs=0.02)
 
 
-def _one_step(tiny_model_dir, groups, eos, **over):
+def _varied_groups(tiny_model_dir, prompt_repeat: int = 1):
+    """The fixed groups with completions of different lengths (completion i gets i % 5 more tokens), so that
+    micro-batches are padded (or not, or single rows); `prompt_repeat`: a longer prompt."""
+    groups, eos = fixed_groups(tiny_model_dir)
+    for g in groups:
+        g.prompt_ids = g.prompt_ids * prompt_repeat
+        g.completion_ids = [c + [eos] * (i % 5) for i, c in enumerate(g.completion_ids)]
+        g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
+    return groups, eos
+
+
+def _one_step(tiny_model_dir, groups, eos, warm_up=False, **over):
     """One step's metrics and the accumulated gradient of each mini-batch, as the optimizer got it (in
-    float64, so that summation order leaves no visible trace)."""
+    float64, so that summation order leaves no visible trace). `warm_up` (`learner.compile`): the compile
+    warm-up first, as the learner runs it (in its thread), which must change no weight and leave no
+    gradient; the metrics then say how many frames the step itself compiled (`compiled_in_step`)."""
+    from torch._dynamo.utils import counters
+
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
     cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3, **over)
     tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
+    if warm_up:
+        before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+        tr.compiling.start(tr)
+        tr.compiling.join()
+        assert tr.compiling.seconds > 0
+        assert all(torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())
+        assert all(p.grad is None for p in tr.model.parameters())
     grads, step = [], tr.backend.step
 
     def recording_step():
         grads.append({k: p.grad.clone() for k, p in tr.model.named_parameters() if p.grad is not None})
         return step()
     tr.backend.step = recording_step
+    frames = counters["frames"]["ok"]
     m = tr.step(groups)
+    if warm_up:
+        m["compiled_in_step"] = counters["frames"]["ok"] - frames
     return m, grads
 
 
@@ -235,10 +260,7 @@ def _one_step(tiny_model_dir, groups, eos, **over):
 def test_token_budget_micro_batches_and_checkpointing_equal_the_unsplit_step(tiny_model_dir, loss_agg):
     """Micro-batches of at most a few padded tokens (gradient accumulation) and activation checkpointing
     give the loss and the gradients of one pass over each whole mini-batch, with less padding."""
-    groups, eos = fixed_groups(tiny_model_dir)
-    for g in groups:  # lengths that differ (padding to save): completion i gets i % 5 more tokens
-        g.completion_ids = [c + [eos] * (i % 5) for i, c in enumerate(g.completion_ids)]
-        g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
+    groups, eos = _varied_groups(tiny_model_dir)
     ref_m, ref_g = _one_step(tiny_model_dir, groups, eos, loss_agg=loss_agg)
     for over in ({"micro_batch_tokens": 40}, {"micro_batch_tokens": 1}, {"activation_checkpointing": True},
                  {"micro_batch_tokens": 64, "activation_checkpointing": True},
@@ -277,22 +299,23 @@ def test_compiled_layers_and_log_probs_give_the_eager_step(tiny_model_dir):
     """`learner.compile`: the compiled decoder layers and log-prob chunks (dynamic shapes: micro-batches of
     several lengths) give the eager step's loss and gradients, with activation checkpointing on too (half the
     layers recomputed, half not); 1-row micro-batches after those stay within the compiled variants torch
-    keeps (`COMPILE_VARIANTS`)."""
+    keeps (`COMPILE_VARIANTS`). The compile warm-up before each compiled step leaves the step nothing to
+    compile (padded micro-batches, unpadded ones, single rows) and changes nothing it computes."""
     import learner.logprobs as lp
 
-    groups, eos = fixed_groups(tiny_model_dir)
-    for g in groups:
-        g.completion_ids = [c + [eos] * (i % 5) for i, c in enumerate(g.completion_ids)]
-        g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
-    over = {"micro_batch_tokens": 64, "activation_checkpointing": True, "activation_checkpointing_fraction": 0.5}
+    groups, eos = _varied_groups(tiny_model_dir)
+    longest = max(len(g.prompt_ids) + len(c) for g in groups for c in g.completion_ids)
+    over = {"micro_batch_tokens": 2 * longest - 1,  # the longest samples alone, the others in pairs or more
+            "activation_checkpointing": True, "activation_checkpointing_fraction": 0.5}
     ref_m, ref_g = _one_step(tiny_model_dir, groups, eos, **over)
     torch._dynamo.reset()
     # every variant a step meets stays compiled: hitting torch's recompile limit fails the step here
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        m, g = _one_step(tiny_model_dir, groups, eos, compile=True, **over)
-        one_row, _ = _one_step(tiny_model_dir, groups, eos, compile=True, micro_batch_tokens=1,
+        m, g = _one_step(tiny_model_dir, groups, eos, warm_up=True, compile=True, **over)
+        one_row, _ = _one_step(tiny_model_dir, groups, eos, warm_up=True, compile=True, micro_batch_tokens=1,
                                activation_checkpointing=True)  # 1-row micro-batches, masks dropped
-    assert one_row["micro_batches"] > m["micro_batches"]
+    assert one_row["micro_batches"] > m["micro_batches"] > 2 * 2 and m["padding_frac"] > 0
+    assert m["compiled_in_step"] == one_row["compiled_in_step"] == 0  # the warm-up compiled it all
     assert lp._compiled_chunk_logp is not None  # the compiled chunk ran
     assert m["micro_batches"] == ref_m["micro_batches"] > 2
     # Qwen2's RMSNorm rounds to float32 and back in eager mode; the fused kernel may skip that round trip,
@@ -376,11 +399,7 @@ def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(tiny_model_di
 def test_a_step_with_shared_prompts_equals_the_unshared_step(tiny_model_dir, float64_norms):
     """`learner.share_prompt`: micro-batches of one group each, its prompt computed once; the step's loss and
     every mini-batch's gradient are those of the unshared step, and the decoder processes fewer tokens."""
-    groups, eos = fixed_groups(tiny_model_dir)
-    for g in groups:  # a longer shared prompt, completions of different lengths
-        g.prompt_ids = g.prompt_ids * 4
-        g.completion_ids = [c + [eos] * (i % 5) for i, c in enumerate(g.completion_ids)]
-        g.behav_logp = [b + [-1.5] * (i % 5) for i, b in enumerate(g.behav_logp)]
+    groups, eos = _varied_groups(tiny_model_dir, prompt_repeat=4)  # a longer shared prompt
     ref_m, ref_g = _one_step(tiny_model_dir, groups, eos)
     for over in ({"share_prompt": True}, {"share_prompt": True, "micro_batch_tokens": 30},
                  {"share_prompt": True, "activation_checkpointing": True}):

@@ -130,10 +130,14 @@ def test_calibration_reads_rates_and_dynamic_samplings_keep_rate_from_the_steps(
     def step(i):  # 10 steps: 8 groups kept of 20 received, 4 of those dropped as too stale, 2 by the lease
         return {"train_s": 0.1 + 0.001 * (100 + 10 * i), "train_tokens": 100 + 10 * i, "wait_s": 0.2,
                 "broadcast_s": 0.05 + 0.01 * i, "tokens": 2000, "generated": 320, "groups_received": 20,
-                "groups_kept": 8, "drop_stale": 4, "drop_unleased": 2}
+                "groups_kept": 8, "drop_stale": 4, "drop_unleased": 2,
+                # the actor's updates, cumulative: 0.3 s a step but 0.2 s at step 3; two runs pooled: the
+                # second run's counter starts again (that drop is no update)
+                "actor_update_s": (i % 5) * 0.3 - (0.1 if i % 5 >= 3 else 0.0) + 0.01}
 
     cal = calibrate([step(i) for i in range(10)], actor_idle_s=1.0, n=16, seqs_in_flight=256)
     r = cal["rates"]
+    assert abs(r["load_s"] - (0.2 - 0.05)) < 1e-9  # the fastest update, less the transfer the simulator adds
     assert abs(r["train_s_per_token"] - 0.001) < 1e-9 and abs(r["train_s_fixed"] - 0.1) < 1e-9
     assert r["sync_s_fixed"] == 0.05  # the fastest update: nothing in flight to wait for
     assert cal["keep_rate"] == 8 / 14  # admission's drops are the simulator's own to make, not sampling's

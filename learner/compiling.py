@@ -1,0 +1,107 @@
+"""`learner.compile`: the decoder layers under torch.compile, and their compilation before the first step.
+
+A compiled layer meets several variants in ordinary training (grad mode, a mask or none, one row or
+more), each compiled the first time it comes. Left to chance, a new variant arrives mid-run (a step with
+a long completion alone in its micro-batch, or without padding) and that step stalls 10–30 s on a GPU
+while the actors wait for the next weights. `warm_up` compiles them all at the start on tiny synthetic
+micro-batches; `WarmUp` runs it on every rank in a thread while the first groups are generated, and the
+first step waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from learner.logprobs import pack
+
+if TYPE_CHECKING:
+    from learner.train_step import Trainer
+
+log = logging.getLogger("brorl.learner")
+
+COMPILE_VARIANTS = 32
+"""How many compiled variants of a decoder layer's forward torch may keep (`torch._dynamo.config
+.recompile_limit`, 8 by default). Ordinary training meets up to 16: grad mode on (training) or off (π_old),
+the layer's input requiring grad or not, an attention mask or None (transformers drops the mask of a
+micro-batch without padding) and one row or more (torch specialises a size of 1). At the default, one
+step of a 2-rank learner reached the limit. Past the limit the learner fails loudly rather than let torch
+run new variants uncompiled: a rank that runs a layer eagerly produces its gradients in another order than
+a compiled rank, and ZeRO-2's bucketed gradient reduction assumes one order on every rank (a mismatch
+hangs the all-reduce or sums the wrong gradients)."""
+
+
+def compile_layers(model: torch.nn.Module) -> None:
+    """torch.compile every decoder layer in place (`learner.compile`; dynamic shapes, since micro-batches
+    differ in rows and length). Activation checkpointing, if on, recomputes the compiled layer."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not layers:
+        raise ValueError(f"learner.compile: {type(model).__name__} has no decoder layers to compile")
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILE_VARIANTS)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    for layer in layers:
+        layer.compile(dynamic=True)
+
+
+WARM_UP_LENGTHS = ([29, 17, 23], [29, 29, 29], [29])
+"""Completion lengths of the warm-up's micro-batches (a 5-token prompt each): padded rows, rows without
+padding (transformers then drops the mask) and a single row (torch specialises a size of 1). No size
+equals another (torch assumes that sizes seen equal stay equal)."""
+
+
+def warm_up(trainer: "Trainer") -> float:
+    """This rank's compilation: the policy's log-probs without and with gradients (and the reference
+    policy's, with a KL term), and their backward, on the `WARM_UP_LENGTHS` micro-batches. Gradients are
+    taken with `torch.autograd.grad`: nothing accumulates into a parameter, and no optimizer or ZeRO state
+    changes. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    emb = trainer.model.get_input_embeddings()
+    ids = lambda n, k: [(7 * i + k) % emb.num_embeddings for i in range(n)]  # noqa: E731
+    for lengths in WARM_UP_LENGTHS:
+        packed = pack([ids(5, 1)] * len(lengths), [ids(n, 3) for n in lengths], trainer.pad_id, trainer.cfg.device)
+        trainer._logp(trainer.model, packed, grad=False)
+        if trainer.state.ref_model is not None:
+            trainer._logp(trainer.state.ref_model, packed, grad=False)
+        logp, _ = trainer._logp(trainer.model, packed, grad=True)
+        torch.autograd.grad(logp[packed.mask].sum(), [emb.weight])
+    return time.perf_counter() - t0
+
+
+class WarmUp:
+    """Rank 0's warm-up of every rank, in a thread of its own (the learner serves actors meanwhile)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+
+    def start(self, trainer: "Trainer") -> None:
+        """Without `learner.compile`, or once started, nothing to do."""
+        if not trainer.cfg.compile or self._thread is not None:
+            return
+
+        def run() -> None:
+            try:
+                if trainer.ranks is not None:
+                    trainer.ranks.command("warm_up", [None] * trainer.world)
+                self.seconds = trainer.warm_up()
+                log.info("learner.compile: compiled before the first step in %.1f s", self.seconds)
+            except BaseException as e:
+                self._error = e
+        self._thread = threading.Thread(target=run, name="learner-compile", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        """Wait for the warm-up; raises if it failed (a model that cannot compile cannot train)."""
+        if self._thread is None:
+            return
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"learner.compile: compiling before the first step failed: {error}") from error
