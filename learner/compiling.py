@@ -4,14 +4,12 @@ A compiled layer meets several variants in ordinary training (grad mode, a mask 
 more), each compiled the first time it comes. Left to chance, a new variant arrives mid-run (a step with
 a long completion alone in its micro-batch, or without padding) and that step stalls 10–30 s on a GPU
 while the actors wait for the next weights. `warm_up` compiles them all at the start on tiny synthetic
-micro-batches; `WarmUp` runs it on every rank in a thread while the first groups are generated, and the
-first step waits for it.
+micro-batches; `WarmUp` runs it on every rank at the start of the first step.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -74,34 +72,24 @@ def warm_up(trainer: "Trainer") -> float:
 
 
 class WarmUp:
-    """Rank 0's warm-up of every rank, in a thread of its own (the learner serves actors meanwhile)."""
+    """Every rank's warm-up, once, at the start of the first step (rank 0 tells the others by command).
+
+    It runs in the thread that runs the step, on purpose: on 2 DeepSpeed ranks, a warm-up run in a thread
+    of its own (while the first groups were generated) left the compiled steps training wrongly (other
+    losses than the eager step, no recompilation); run in the step's own thread they matched
+    (`tests/integration/test_train_step.py::test_deepspeed_matches_torch`, the compiled case)."""
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self.done = False
         self.seconds = 0.0
 
-    def start(self, trainer: "Trainer") -> None:
-        """Without `learner.compile`, or once started, nothing to do."""
-        if not trainer.cfg.compile or self._thread is not None:
+    def ensure(self, trainer: "Trainer") -> None:
+        """Without `learner.compile`, or once done, nothing to do; a failure raises (a model that cannot
+        compile cannot train) and is tried again at the next step."""
+        if self.done or not trainer.cfg.compile:
             return
-
-        def run() -> None:
-            try:
-                if trainer.ranks is not None:
-                    trainer.ranks.command("warm_up", [None] * trainer.world)
-                self.seconds = trainer.warm_up()
-                log.info("learner.compile: compiled before the first step in %.1f s", self.seconds)
-            except BaseException as e:
-                self._error = e
-        self._thread = threading.Thread(target=run, name="learner-compile", daemon=True)
-        self._thread.start()
-
-    def join(self) -> None:
-        """Wait for the warm-up; raises if it failed (a model that cannot compile cannot train)."""
-        if self._thread is None:
-            return
-        self._thread.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError(f"learner.compile: compiling before the first step failed: {error}") from error
+        if trainer.ranks is not None:
+            trainer.ranks.command("warm_up", [None] * trainer.world)
+        self.seconds = trainer.warm_up()
+        self.done = True
+        log.info("learner.compile: compiled before the first step in %.1f s", self.seconds)

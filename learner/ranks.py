@@ -26,7 +26,6 @@ import contextlib
 import datetime
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,6 @@ class Ranks:
 
         self.rank, self.local_rank, self.world = env_rank()
         self.group = None
-        self._sending = threading.Lock()  # commands come from more than one thread (the compile warm-up's)
         if self.world > 1:
             if not dist.is_initialized():
                 raise RuntimeError("Ranks: torch.distributed is not initialised (join_ranks does it)")
@@ -93,8 +91,7 @@ class Ranks:
         """Rank 0: send command `name` with `per_rank[r]` to rank r; returns rank 0's own item."""
         if self.world == 1:
             return per_rank[0]
-        with self._sending:
-            return self._scatter([(name, x) for x in per_rank])[1]
+        return self._scatter([(name, x) for x in per_rank])[1]
 
     def receive(self, name: str) -> Any:
         """Ranks > 0: the next command, which must be `name`; returns its argument."""

@@ -108,7 +108,6 @@ class LearnerService:
     # ------------------------------------------------------------------ the loop
     async def train(self) -> None:
         """Await a batch, train, publish, commit, checkpoint, evaluate, report — until the last step."""
-        self.trainer.compiling.start(self.trainer)        # learner.compile: compile while the first groups come
         if self.version == 0:
             await self.evaluate_if_due()                  # held-out pass@1 before the first step
         report = StepReport()
@@ -489,7 +488,6 @@ class LearnerService:
                 await self.checkpoint_if_due(force=True)
             self._record({"end": self.version, "pending": sorted(self.dispatcher.pending)})
             await self.sockets.control.publish("stop")
-            self.trainer.compiling.join()
             self.ranks.stop_followers()  # only here: after an error a step may still be running in its thread
             return 0
         finally:

@@ -156,7 +156,7 @@ class Trainer:
             self.state.ref_model = self._frozen_copy()
         self._gen = torch.Generator().manual_seed(cfg.seed)
         self.compiling = WarmUp()
-        """`learner.compile`: every rank compiles in a thread while the first groups come; the first step waits."""
+        """`learner.compile`: every rank compiles what a step meets at the start of the first step."""
 
     @property
     def model(self) -> torch.nn.Module:
@@ -206,7 +206,7 @@ class Trainer:
     def step(self, groups: list[TrainGroup]) -> dict[str, float]:
         """One training step on `groups` (rank 0, or the only process): plan it, hand every rank its share,
         train on our own. Returns the step's metrics (summed or averaged over all ranks)."""
-        self.compiling.join()
+        self.compiling.ensure(self)
         self.updates_in_step = 0  # optimizer steps applied so far in this step (0: an exception changed nothing)
         t0 = time.perf_counter()
         metrics, shares = self.plan(groups)

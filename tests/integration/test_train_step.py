@@ -143,16 +143,20 @@ def torch_step(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world,micro,mode,zero", [(1, 0, "deepspeed", 2), (2, 0, "deepspeed", 2),
-                                                   (2, 40, "deepspeed", 2), (2, 40, "deepspeed-ranks", 2),
+                                                   (2, 40, "deepspeed", 2), (2, 40, "deepspeed-ranks-compiled", 2),
                                                    (3, 0, "deepspeed-ranks", 2), (2, 40, "deepspeed-ranks", 3)])
 def test_deepspeed_matches_torch(tiny_model_dir, tmp_path, torch_step, world, micro, mode, zero):
     """DeepSpeed ZeRO-2 on 1, 2 or 3 gloo ranks gives the single-process torch step; with token-budget
     micro-batches (ranks cut their parts into as many passes each, gradients accumulated to one boundary)
     too; and so does the service's protocol, where rank 0 plans the step and hands each rank only its
-    share ("deepspeed-ranks"); also under ZeRO-3 (parameters partitioned, gathered by both ranks to read)."""
+    share ("deepspeed-ranks"), also compiled, every rank warmed up first ("deepspeed-ranks-compiled": the
+    warm-up leaves the steps nothing to compile and changes nothing they compute); also under ZeRO-3
+    (parameters partitioned, gathered by both ranks to read)."""
     ref_m, ref_w = torch_step
     ds_m, ds_w = _run_worker(tiny_model_dir, tmp_path / "ds", mode, world, micro_batch_tokens=micro, zero_stage=zero)
     assert ds_m["world"] == world
+    if mode.endswith("compiled"):
+        assert ds_m["warm_up_s"] > 0 and ds_m["compiled_in_steps"] == 0
     assert all(n > 2 for n in ds_m["micro_batches"]) if micro else ds_m["micro_batches"] == [2, 2]
     assert ds_m["losses"] == pytest.approx(ref_m["losses"], rel=1e-4, abs=1e-6)
     init = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
@@ -228,8 +232,8 @@ def _varied_groups(tiny_model_dir, prompt_repeat: int = 1):
 def _one_step(tiny_model_dir, groups, eos, warm_up=False, **over):
     """One step's metrics and the accumulated gradient of each mini-batch, as the optimizer got it (in
     float64, so that summation order leaves no visible trace). `warm_up` (`learner.compile`): the compile
-    warm-up first, as the learner runs it (in its thread), which must change no weight and leave no
-    gradient; the metrics then say how many frames the step itself compiled (`compiled_in_step`)."""
+    warm-up first (as the first step runs it), which must change no weight and leave no gradient; the
+    metrics then say how many frames the rest of the step compiled (`compiled_in_step`)."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
@@ -238,8 +242,7 @@ def _one_step(tiny_model_dir, groups, eos, warm_up=False, **over):
     tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
     if warm_up:
         before = {k: v.clone() for k, v in tr.model.state_dict().items()}
-        tr.compiling.start(tr)
-        tr.compiling.join()
+        tr.compiling.ensure(tr)
         assert tr.compiling.seconds > 0
         assert all(torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())
         assert all(p.grad is None for p in tr.model.parameters())

@@ -11,7 +11,10 @@ import torch
 def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens: int = 0, device: str = "cpu",
          zero_stage: int = 2) -> None:
     """backend "deepspeed-ranks": DeepSpeed with the service's rank protocol (rank 0 plans every step and
-    hands each rank its share; the others follow); "deepspeed": every rank plans the whole step itself."""
+    hands each rank its share; the others follow); "deepspeed": every rank plans the whole step itself;
+    "deepspeed-ranks-compiled": the rank protocol with `learner.compile`, every rank warmed up first as the
+    learner's first step does (rank 0 tells the others by command)."""
+    from torch._dynamo.utils import counters
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -27,7 +30,8 @@ def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens:
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = False
-    if backend == "deepspeed-ranks":
+    compiled = backend == "deepspeed-ranks-compiled"
+    if backend in ("deepspeed-ranks", "deepspeed-ranks-compiled"):
         backend = "deepspeed"
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
         ranks = Ranks()
@@ -35,12 +39,15 @@ def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens:
     groups, eos = fixed_groups(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = LearnerConfig(backend=backend, prompts_per_step=len(groups), num_minibatches=2, lr=1e-3,
-                        zero_stage=zero_stage, seed=0, micro_batch_tokens=micro_batch_tokens, device=device)
+                        zero_stage=zero_stage, seed=0, micro_batch_tokens=micro_batch_tokens, device=device,
+                        compile=compiled)
     tr = Trainer(model, cfg, n_samples=8, pad_id=eos, ranks=ranks)
     if ranks is not None and ranks.rank > 0:
         ranks.follow(tr)
         ranks.close()
         return
+    tr.compiling.ensure(tr)
+    frames = counters["frames"]["ok"]
     metrics = [tr.step(groups) for _ in range(steps)]
     whole = ranks.whole(tr.backend, list(tr.model.state_dict(keep_vars=True).values())) if ranks else None
     with whole or contextlib.nullcontext():  # ZeRO-3: the weights gathered by every rank
@@ -54,7 +61,8 @@ def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens:
         torch.save(weights, out + ".pt")
         with open(out + ".json", "w") as f:
             json.dump({"losses": losses, "world": tr.backend.world_size,
-                       "micro_batches": [m["micro_batches"] for m in metrics]}, f)
+                       "micro_batches": [m["micro_batches"] for m in metrics], "warm_up_s": tr.compiling.seconds,
+                       "compiled_in_steps": counters["frames"]["ok"] - frames}, f)
 
 
 if __name__ == "__main__":

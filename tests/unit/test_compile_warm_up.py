@@ -1,8 +1,8 @@
-"""The learner's compile warm-up around the compiler (`learner.compiling.WarmUp`): it runs once, in a thread,
-tells every other rank to compile too, and a failure reaches the first step. The compilation itself, on a real
-model, is tested in tests/integration/test_train_step.py."""
+"""The learner's compile warm-up around the compiler (`learner.compiling.WarmUp`): it runs once, at the first
+step, tells every other rank to compile too, and a failure is raised (and tried again at the next step).
+The compilation itself, on a real model and on DeepSpeed ranks, is tested in
+tests/integration/test_train_step.py."""
 
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -19,38 +19,33 @@ class FakeRanks:
         return per_rank[0]
 
 
-def trainer(compile=True, fails=False, world=3):
-    t = SimpleNamespace(cfg=SimpleNamespace(compile=compile), ranks=FakeRanks(), world=world, threads=[])
+def trainer(compile=True, fails=0, world=3):
+    t = SimpleNamespace(cfg=SimpleNamespace(compile=compile), ranks=FakeRanks(), world=world, calls=0)
 
     def warm_up():
-        t.threads.append(threading.current_thread().name)
-        if fails:
-            raise torch_error
+        t.calls += 1
+        if t.calls <= fails:
+            raise RuntimeError("inductor: no C++ compiler")
         return 1.5
     t.warm_up = warm_up
     return t
 
 
-torch_error = RuntimeError("inductor: no C++ compiler")
-
-
-def test_every_rank_warms_up_once_in_a_thread_of_its_own():
+def test_every_rank_warms_up_once():
     t, w = trainer(), WarmUp()
-    w.start(t)
-    w.start(t)  # a second start does nothing
-    w.join()
-    w.join()
+    w.ensure(t)
+    w.ensure(t)  # the next steps: nothing more
     assert t.ranks.sent == [("warm_up", [None, None, None])]  # the other ranks compile too, told once
-    assert t.threads == ["learner-compile"] and w.seconds == 1.5
+    assert t.calls == 1 and w.seconds == 1.5 and w.done
 
 
-def test_without_compile_nothing_happens_and_a_failure_reaches_the_first_step():
+def test_without_compile_nothing_happens_and_a_failure_is_raised_then_tried_again():
     t, w = trainer(compile=False), WarmUp()
-    w.start(t)
-    w.join()
-    assert t.ranks.sent == [] and t.threads == [] and w.seconds == 0.0
-    t, w = trainer(fails=True), WarmUp()
-    w.start(t)
-    with pytest.raises(RuntimeError, match="learner.compile: compiling before the first step failed: inductor") as e:
-        w.join()
-    assert e.value.__cause__ is torch_error
+    w.ensure(t)
+    assert t.ranks.sent == [] and t.calls == 0 and not w.done
+    t, w = trainer(fails=1), WarmUp()
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        w.ensure(t)
+    assert not w.done
+    w.ensure(t)
+    assert w.done and t.calls == 2
