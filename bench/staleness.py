@@ -95,7 +95,7 @@ def calibration(runs: list[dict], steps: int) -> dict:
     n, per_request = 16, 8
     return calibrate(steady, sum(run["_steady_idle_s"] for run in runs), n=n, seqs_in_flight=n * 2 * per_request,
                      fit={"actors": 1, "prompts_per_step": 8, "prompts_per_request": per_request,
-                          "max_staleness": 0, "steps": steps - WARM})
+                          "max_staleness": 0, "steps": steps - WARM}, shared_host=True)  # 2 cores for all roles
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ costs come from `--calibration` (default: the rates our benchmarks measured on t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -40,6 +41,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seeds", type=int, default=3, help="simulations averaged per grid point")
     p.add_argument("--calibration", default=None, help="rates JSON, or gpu-1.5b")
+    p.add_argument("--contention", type=float, default=None,
+                   help="slowdown while the learner trains and an actor generates on shared cores (0.5: each "
+                        "takes 1.5 x as long); 0: roles on devices of their own (default: the calibration's, "
+                        "measured on the 2-core machine that ran bench.staleness; 0 for gpu-1.5b)")
     p.add_argument("--out", default="runs/simulate-fleet", help="folder for fleet.json")
     return p
 
@@ -79,6 +84,10 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     if not set(args.in_flight.split(",")) <= {"finish", "keep"}:
         raise SystemExit(f"brorl simulate-fleet: --in-flight must be finish or keep, got {args.in_flight!r}")
     rates, keep_rate = rates_and_shape(args.calibration)
+    if args.contention is not None:
+        if not args.contention >= 0:
+            raise SystemExit(f"brorl simulate-fleet: --contention must be >= 0, got {args.contention}")
+        rates = dataclasses.replace(rates, contention=args.contention)
     grid = {name: _values(name, getattr(args, name)) for name in GRID}
     rows = []
     for combo in itertools.product(*grid.values()):

@@ -15,6 +15,9 @@ What is modelled (one event queue, simulated seconds):
     then broadcasts: under "finish" every member first drains what it has in flight (stops admitting, its
     groups finish under the old weights); under "keep" it pauses at once. The transfer takes
     `sync_s_fixed` + `sync_s_per_member` × members, then each member loads (`load_s`) and goes on.
+  - Shared cores (`contention` > 0, roles on one host, as in our CPU validation): while the learner trains
+    and an actor generates, both go `1 + contention` times slower (running groups and the step are
+    re-timed whenever that changes). Roles on their own GPUs: 0.
   - Failures: each actor fails after an exponential time of mean `mtbf_s`; its prompts go back to the
     queue (`Dispatcher.retire`), it leaves the weight group, and returns `restart_s` later with the
     current weights (one transfer and load).
@@ -60,6 +63,9 @@ class Rates:
     """Added per member of the weight group."""
     load_s: float = 0.02
     """An actor loading the received weights."""
+    contention: float = 0.0
+    """Roles sharing a host's cores: while the learner trains and an actor generates, each runs this much
+    longer (0.5: 1.5 × as long). 0: each role on devices of its own."""
 
 
 @dataclass
@@ -177,6 +183,8 @@ class Sim:
         self.train_total = self.sync_total = 0.0
         self._phase_start = 0.0
         self._sending = False
+        self._slow = (1.0, 1.0)  # (learner, actors): how much longer work takes now (shared cores)
+        self._train = [0.0, 0, []]  # the step under way: [end, token, prompts consumed]
 
     # ------------------------------------------------------------------ the event queue
     def at(self, t: float, fn, *args) -> None:
@@ -267,10 +275,11 @@ class Sim:
         seqs = self.f.n * (len(a.inflight) + 1)
         per_seq = r.gen_tokens_per_s / (seqs + r.gen_half_seqs)  # R(S) / S
         g = _Group(next(self._gid), pid, i, a.version, self.f.n, sum(lengths))
-        end = self.now + max(lengths) / per_seq
+        end = self.now + max(lengths) / per_seq * self._slow[1]
         a.inflight[g.gid] = [end, g]
         self.lags.append(self.version - a.version)
         self.at(end, self.group_done, i, g.gid)
+        self._contend()
 
     def group_done(self, i: int, gid: int) -> None:
         a = self.actors[i]
@@ -278,6 +287,7 @@ class Sim:
         if entry is None or entry[0] > self.now + 1e-12:
             return  # lost in a failure, or postponed by a pause (a later event is queued)
         del a.inflight[gid]
+        self._contend()
         self.generated += self.f.n
         self.at(self.now + self.r.score_s_per_group, self.arrive, entry[1])
         self._maybe_idle(a)
@@ -293,6 +303,7 @@ class Sim:
         self.failures += 1
         a.up, a.draining = False, False
         a.inflight.clear()
+        self._contend()
         self._maybe_idle(a)
         self.dispatcher.retire(str(i))
         self._wake()
@@ -359,15 +370,40 @@ class Sim:
         self.trained += sum(g.n for g in keep)
         consumed = [g.pid for g in keep] + self.settled
         self.settled = []
-        self.train_total += s
-        self.at(self.now + s, self.trained_step, consumed)
+        self._phase_start = self.now
+        self._train = [self.now + s * self._slow[0], self._train[1] + 1, consumed]
+        self.at(self._train[0], self.trained_step, self._train[1])
+        self._contend()  # the actors slow down while it trains (shared cores), and it with them
         self._wake()  # room in the batcher again
 
-    def trained_step(self, consumed: list[int]) -> None:
+    def _contend(self) -> None:
+        """Shared cores: re-time the step and the running groups when who slows whom changes."""
+        c = self.r.contention
+        if c <= 0:
+            return
+        busy = any(a.inflight for a in self.actors if a.up)
+        slow = (1.0 + c if busy else 1.0, 1.0 + c if self.training else 1.0)
+        old, self._slow = self._slow, slow
+        if self.training and slow[0] != old[0]:
+            self._train[0] = self.now + (self._train[0] - self.now) * slow[0] / old[0]
+            self._train[1] += 1
+            self.at(self._train[0], self.trained_step, self._train[1])
+        if slow[1] != old[1]:
+            for i, a in enumerate(self.actors):
+                for gid, entry in a.inflight.items():
+                    entry[0] = self.now + (entry[0] - self.now) * slow[1] / old[1]
+                    self.at(entry[0], self.group_done, i, gid)
+
+    def trained_step(self, token: int) -> None:
+        if token != self._train[1]:
+            return  # re-timed: a later event ends the step
+        consumed = self._train[2]
+        self.train_total += self.now - self._phase_start
         self._phase_start = self.now
         self.dispatcher.commit(consumed)
         self._wake()
         self.training, self.updating = False, True
+        self._contend()
         self.version += 1
         self.ready = set()
         for i, a in enumerate(self.actors):
@@ -380,6 +416,7 @@ class Sim:
                 for gid in stale:
                     self.dispatcher.give_back([a.inflight.pop(gid)[1].pid])
                     self._wake()
+                self._contend()
                 self._maybe_idle(a)
             if self.f.in_flight == "keep" or not a.inflight:
                 self._member_ready(i)

@@ -2,6 +2,8 @@
 and freshness rules, nothing is trained twice or staler than K, failures cost time but never the job."""
 
 import math
+import statistics
+from types import SimpleNamespace
 
 import pytest
 
@@ -95,6 +97,11 @@ def test_the_command_runs_a_grid_and_names_bad_input(tmp_path, capsys):
         main(["simulate-fleet", "--actors", "x", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--in-flight must be finish or keep"):
         main(["simulate-fleet", "--in-flight", "later", "--out", str(tmp_path)])
+    # shared cores: the calibration's contention, or the flag's (0: roles on devices of their own)
+    assert main(["simulate-fleet", "--contention", "0", "--steps", "6", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "fleet.json").read_text())["rates"]["contention"] == 0.0
+    with pytest.raises(SystemExit, match="--contention must be >= 0, got -1.0"):
+        main(["simulate-fleet", "--contention", "-1", "--out", str(tmp_path)])
 
 
 def test_gpu_rates_come_from_our_gpu_benchmarks_result_files():
@@ -127,23 +134,76 @@ def test_the_staleness_sweep_reports_the_mean_and_spread_of_its_runs():
 def test_calibration_reads_rates_and_dynamic_samplings_keep_rate_from_the_steps():
     from fleet.calibration import calibrate
 
-    def step(i):  # 10 steps: 8 groups kept of 20 received, 4 of those dropped as too stale, 2 by the lease
-        return {"train_s": 0.1 + 0.001 * (100 + 10 * i), "train_tokens": 100 + 10 * i, "wait_s": 0.2,
-                "broadcast_s": 0.05 + 0.01 * i, "tokens": 2000, "generated": 320, "groups_received": 20,
-                "groups_kept": 8, "drop_stale": 4, "drop_unleased": 2,
-                # the actor's updates, cumulative: 0.3 s a step but 0.2 s at step 3; two runs pooled: the
-                # second run's counter starts again (that drop is no update)
-                "actor_update_s": (i % 5) * 0.3 - (0.1 if i % 5 >= 3 else 0.0) + 0.01}
+    def step(i):  # 10 steps of two runs, pooled (steps 4-8 twice: the actor's counters start again)
+        return {"step": 4 + i % 5, "train_s": 0.1 + 0.001 * (100 + 10 * i), "train_tokens": 100 + 10 * i,
+                "wait_s": 0.2, "broadcast_s": 0.05 + 0.01 * i, "tokens": 2000, "generated": 320,
+                # 20 groups reached dynamic sampling, which dropped 6 (1 all correct, 5 all wrong); 8 were
+                # trained, 4 dropped as too stale (on arrival: not received), 2 for their lease
+                "groups_received": 20, "drop_all_correct": 1, "drop_all_wrong": 5, "groups_kept": 8,
+                "drop_stale": 4, "drop_unleased": 2,
+                # the actor's cumulative counters: updates 0.3 s a step but 0.2 s at step 7; scoring 0.5 s
+                "actor_update_s": (i % 5) * 0.3 - (0.1 if i % 5 >= 3 else 0.0) + 0.01, "actor_score_s": (i % 5) * 0.5}
 
     cal = calibrate([step(i) for i in range(10)], actor_idle_s=1.0, n=16, seqs_in_flight=256)
     r = cal["rates"]
     assert abs(r["load_s"] - (0.2 - 0.05)) < 1e-9  # the fastest update, less the transfer the simulator adds
     assert abs(r["train_s_per_token"] - 0.001) < 1e-9 and abs(r["train_s_fixed"] - 0.1) < 1e-9
     assert r["sync_s_fixed"] == 0.05  # the fastest update: nothing in flight to wait for
-    assert cal["keep_rate"] == 8 / 14  # admission's drops are the simulator's own to make, not sampling's
+    assert abs(cal["keep_rate"] - 14 / 20) < 1e-12  # dynamic sampling's own: admission's drops are the simulator's
+    assert abs(r["score_s_per_group"] - 0.5 / 20) < 1e-12  # a step scores 320 / 16 groups in 0.5 s
+    assert r["contention"] == 0.0  # not asked for: roles on devices of their own
     assert cal["mean_tokens"] == 2000 / 320
     loop = 10 * (0.2 + 0.05) + sum(0.1 + 0.001 * (100 + 10 * i) + 0.01 * i for i in range(10))
     assert abs(cal["busy_tokens_per_s"] - 20000 / (loop - 1.0)) < 1e-6
+
+
+def test_calibration_on_a_shared_host_measures_how_much_generation_slows_the_learner():
+    """A step takes 1.2 s, plus β = 1/3 of each second the actor generated meanwhile (its busy seconds in
+    the step, from its idle counter, less the learner's waiting): contention β / (1 - β) = 0.5."""
+    from fleet.calibration import calibrate, fit_step
+
+    rows, t, idle = [], 0.0, 0.0
+    for i, overlap in enumerate([0.0, 0.3, 0.9, 0.1, 0.6, 0.0, 1.2, 0.4]):
+        train, wait = 1.2 + overlap / 3, 0.25
+        step_s = wait + train + 0.05
+        t, idle = t + step_s, idle + step_s - (wait + overlap)  # busy: the wait, and `overlap` of the step
+        rows.append({"step": i + 4, "time": t, "actor_idle_s": idle, "train_s": train, "train_tokens": 300,
+                     "wait_s": wait, "broadcast_s": 0.05, "tokens": 900, "generated": 320, "groups_received": 20,
+                     "drop_all_correct": 0, "drop_all_wrong": 6})
+    per_token, fixed, contention = fit_step(rows, shared_host=True)
+    assert per_token == 0.0 and abs(fixed - 1.2) < 1e-9 and abs(contention - 0.5) < 1e-9
+    assert fit_step(rows)[2] == 0.0  # roles on devices of their own: no contention fitted
+    assert abs(calibrate(rows, 1.0, 16, 256, shared_host=True)["rates"]["contention"] - 0.5) < 1e-9
+
+
+def test_shared_cores_re_time_the_running_groups_and_the_step():
+    """With contention c, a group runs 1 + c times slower while the learner trains, and the step while a
+    group runs: what is left of each is stretched (or shrunk back) when that changes."""
+    sim = Sim(Fleet(actors=1, rates=Rates(contention=0.5)))
+    g = SimpleNamespace(policy_version=0)
+    sim.actors[0].inflight = {7: [10.0, g]}
+    sim.now, sim.training = 4.0, True
+    sim._train = [6.0, 1, []]  # a step under way, to end at 6 s unslowed
+    sim._contend()
+    assert sim._slow == (1.5, 1.5)
+    assert sim.actors[0].inflight[7][0] == 4.0 + 6.0 * 1.5  # 6 s left of the group, 1.5 × as long
+    assert sim._train[0] == 4.0 + 2.0 * 1.5 and sim._train[1] == 2  # re-timed: the old event is void
+    sim.now, sim.training = 6.0, False  # the step ends: the group speeds up again
+    sim._contend()
+    assert sim.actors[0].inflight[7][0] == 6.0 + (13.0 - 6.0) / 1.5
+
+
+def test_shared_cores_cost_an_off_policy_job_more_than_an_on_policy_one():
+    """Generating a step takes about as long as training it. On-policy (K = 0) the actor mostly waits while
+    the learner trains, so sharing cores costs the job less (only what it generates beyond the step's need
+    overlaps); with K = 1 they run side by side, and both slow down."""
+    def sps(k, c):
+        return statistics.mean(simulate(Fleet(actors=1, n=16, prompts_per_step=8, prompts_per_request=8,
+                                              max_staleness=k, mean_tokens=64, steps=30, seed=s,
+                                              rates=Rates(gen_tokens_per_s=2000, gen_half_seqs=16, train_s_fixed=6.0,
+                                                          contention=c))).samples_per_s for s in range(3))
+    loss = {k: 1 - sps(k, 0.5) / sps(k, 0.0) for k in (0, 1)}
+    assert loss[1] > 0.15 and loss[1] > loss[0] + 0.04, loss
 
 
 def test_a_prompts_completions_share_one_length_or_draw_their_own():
