@@ -31,7 +31,7 @@ import json
 import statistics
 from pathlib import Path
 
-from fleet.calibration import DEFAULT, fleet_from, gpu_rates, load
+from fleet.calibration import DEFAULT, GPU_MODEL_GB, fleet_from, gpu_rates, load
 from fleet.sim import Fleet, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -126,7 +126,8 @@ def scaling(seeds: int) -> list[dict]:
             runs = [simulate(Fleet(actors=gpus - learner_gpus, learner_gpus=learner_gpus, n=n, prompts_per_step=b,
                                    prompts_per_request=max(1, 512 // n), max_staleness=1, mean_tokens=2048,
                                    length_sigma=0.8, max_tokens=16384, keep_rate=0.5 if n == 16 else 0.62,
-                                   in_flight="keep", steps=12, seed=s, rates=rates)) for s in range(seeds)]
+                                   in_flight="keep", model_gb=GPU_MODEL_GB, steps=12, seed=s, rates=rates))
+                    for s in range(seeds)]
             rows.append({"shape": shape, "gpus": gpus, "learner_gpus": learner_gpus,
                          **{k: statistics.mean(getattr(r, k) for r in runs) for k in (
                              "samples_per_s", "staleness_mean", "learner_wait_share", "learner_train_share",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 TAKES_OVERRIDES = False
 GRID = {"actors": int, "learner_gpus": int, "n": int, "prompts_per_step": int, "max_staleness": int,
-        "in_flight": str, "mean_tokens": float, "length_sigma": float}
+        "in_flight": str, "mean_tokens": float, "length_sigma": float, "model_gb": float}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -34,6 +34,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lengths", choices=["completion", "prompt"], default="completion",
                    help="completion: each completion draws its length (a real task); prompt: a prompt's "
                         "completions share one (actor.length_dist's budget, run to by a random model)")
+    p.add_argument("--model-gb", default=None,
+                   help="GB of weights sent at each update (with gpu-1.5b: 3, the 1.5B model in bf16; the time "
+                        "grows by the GB as our NCCL benchmark measured). Default: the calibration's model")
     p.add_argument("--prompts-per-request", type=int, default=2)
     p.add_argument("--keep-rate", type=float, default=None, help="dynamic-sampling keep rate (default: calibration's)")
     p.add_argument("--mtbf-s", type=float, default=float("inf"), help="mean seconds between an actor's failures")
@@ -58,22 +61,22 @@ def _values(name: str, raw: str) -> list:
 
 
 def rates_and_shape(spec: str | None):
-    """(Rates, keep rate) from `--calibration`."""
+    """(Rates, keep rate, the calibrated model's GB) from `--calibration`."""
     from fleet.calibration import DEFAULT, load
     from fleet.sim import Rates
 
     if spec == "gpu-1.5b":
-        from fleet.calibration import gpu_rates
+        from fleet.calibration import GPU_MODEL_GB, gpu_rates
 
-        return gpu_rates(), 0.5
+        return gpu_rates(), 0.5, GPU_MODEL_GB
     path = Path(spec) if spec else DEFAULT
     if not path.exists():
         if spec:
             raise SystemExit(f"brorl simulate-fleet: --calibration {spec}: no such file")
         print(f"brorl simulate-fleet: no {path} (run `python -m bench.staleness`): the simulator's default rates")
-        return Rates(), 0.6
-    cal = load(path)
-    return Rates(**cal["rates"]), cal["keep_rate"]
+        return Rates(), 0.6, 0.0
+    cal = load(path)  # its update time is one model's, all in `sync_s_fixed`
+    return Rates(**cal["rates"]), cal["keep_rate"], 0.0
 
 
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -83,12 +86,19 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
 
     if not set(args.in_flight.split(",")) <= {"finish", "keep"}:
         raise SystemExit(f"brorl simulate-fleet: --in-flight must be finish or keep, got {args.in_flight!r}")
-    rates, keep_rate = rates_and_shape(args.calibration)
+    rates, keep_rate, model_gb = rates_and_shape(args.calibration)
+    if args.model_gb is None:
+        args.model_gb = str(model_gb)
     if args.contention is not None:
         if not args.contention >= 0:
             raise SystemExit(f"brorl simulate-fleet: --contention must be >= 0, got {args.contention}")
         rates = dataclasses.replace(rates, contention=args.contention)
     grid = {name: _values(name, getattr(args, name)) for name in GRID}
+    if any(v < 0 for v in grid["model_gb"]):
+        raise SystemExit(f"brorl simulate-fleet: --model-gb must be >= 0, got {args.model_gb!r}")
+    if any(grid["model_gb"]) and rates.sync_s_per_gb == 0:
+        print("brorl simulate-fleet: this calibration's update time is its own model's (no cost per GB): "
+              "--model-gb changes nothing; --calibration gpu-1.5b has one")
     rows = []
     for combo in itertools.product(*grid.values()):
         point = dict(zip(grid, combo))

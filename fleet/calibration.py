@@ -147,12 +147,18 @@ def fleet_from(cal: dict, **over) -> Fleet:
 def gpu_rates() -> Rates:
     """A 1.5B model's component costs, from our GPU benchmarks' result files: an actor's decode rate with
     log-probs (`actor_h200.json`, H200), the learner's tokens/s on one GPU (`learner_gpu.json`, H100) and
-    the weight update over NCCL (`weight_sync_nccl.json`, 1.5B)."""
+    the weight update over NCCL (`weight_sync_nccl.json`: a least-squares line of its time over the GB
+    sent, 10M to 7B parameters, so that `Fleet.model_gb` sizes it; the actor's load, the 1.5B row's time)."""
     actor = max((r for r in json.loads((RESULTS / "actor_h200.json").read_text())["rows"] if r["logprobs"]),
                 key=lambda r: r["tokens_per_s"])
     learner = json.loads((RESULTS / "learner_gpu.json").read_text())["mfu"][0]
-    sync = [r for r in json.loads((RESULTS / "weight_sync_nccl.json").read_text())["rows"]
-            if r["params"] == 1_500_000_000][0]
+    syncs = json.loads((RESULTS / "weight_sync_nccl.json").read_text())["rows"]
+    per_gb, fixed = np.polyfit([r["GB"] for r in syncs], [r["total_s"] for r in syncs], 1)
+    load = [r for r in syncs if r["params"] == 1_500_000_000][0]["total_s"]
     return Rates(gen_tokens_per_s=actor["tokens_per_s"] * 1.25, gen_half_seqs=128.0,  # R(512 seqs) = measured
                  train_s_per_token=1.0 / learner["tokens_per_s"], train_s_fixed=0.5,
-                 sync_s_fixed=sync["total_s"], sync_s_per_member=0.001, load_s=sync["total_s"])
+                 sync_s_fixed=max(float(fixed), 0.0), sync_s_per_gb=float(per_gb), sync_s_per_member=0.001, load_s=load)
+
+
+GPU_MODEL_GB = 3.0
+"""The weights `gpu_rates` describe: 1.5B parameters in bf16."""

@@ -14,7 +14,8 @@ What is modelled (one event queue, simulated seconds):
     on one GPU, divided over `learner_gpus` at `scale_efficiency` per doubling, plus `train_s_fixed`),
     then broadcasts: under "finish" every member first drains what it has in flight (stops admitting, its
     groups finish under the old weights); under "keep" it pauses at once. The transfer takes
-    `sync_s_fixed` + `sync_s_per_member` × members, then each member loads (`load_s`) and goes on.
+    `sync_s_fixed` + `sync_s_per_gb` × `model_gb` + `sync_s_per_member` × members, then each member
+    loads (`load_s`) and goes on.
   - Shared cores (`contention` > 0, roles on one host, as in our CPU validation): while the learner trains
     and an actor generates, both go `1 + contention` times slower (running groups and the step are
     re-timed whenever that changes). Roles on their own GPUs: 0.
@@ -58,7 +59,10 @@ class Rates:
     scale_efficiency: float = 0.95
     """Learner speed-up kept per doubling of its GPUs (0.95: 1.9× on 2 GPUs)."""
     sync_s_fixed: float = 0.02
-    """A weight broadcast's cost whatever the members (the model's bytes over the wire)."""
+    """A weight broadcast's cost whatever the model's size and the members (all of it where
+    `sync_s_per_gb` is 0: a calibration measured on one model)."""
+    sync_s_per_gb: float = 0.0
+    """Added per GB of weights sent (`Fleet.model_gb`): the wire and the packing."""
     sync_s_per_member: float = 0.0
     """Added per member of the weight group."""
     load_s: float = 0.02
@@ -85,6 +89,8 @@ class Fleet:
     "prompt": the completions of a prompt share one length (`actor.length_dist`'s budget per prompt, which a
     random-weights model runs to, as in our GPU throughput runs)."""
     keep_rate: float = 0.6
+    model_gb: float = 0.0
+    """The weights sent at each update, GB (`Rates.sync_s_per_gb`): 3.0 for 1.5B parameters in bf16."""
     in_flight: str = "finish"
     mtbf_s: float = math.inf
     restart_s: float = 30.0
@@ -315,7 +321,7 @@ class Sim:
     def restart(self, i: int) -> None:
         a, r = self.actors[i], self.r
         a.version = -1  # gets the current weights before it takes work
-        self.at(self.now + r.sync_s_fixed + r.sync_s_per_member + r.load_s, self._rejoined, i)
+        self.at(self.now + self._transfer_s(1) + r.load_s, self._rejoined, i)
 
     def _rejoined(self, i: int) -> None:
         a = self.actors[i]
@@ -431,9 +437,12 @@ class Sim:
         if not self.updating or any(i not in self.ready for i in members) or self._sending:
             return
         self._sending = True
-        r = self.r
-        transfer = r.sync_s_fixed + r.sync_s_per_member * len(members)
+        transfer = self._transfer_s(len(members))
         self.at(self.now + transfer, self._transferred, members, transfer)
+
+    def _transfer_s(self, members: int) -> float:
+        r = self.r
+        return r.sync_s_fixed + r.sync_s_per_gb * self.f.model_gb + r.sync_s_per_member * members
 
     def _transferred(self, members: list[int], transfer: float) -> None:
         self._sending = False

@@ -171,15 +171,19 @@ def free_port(host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> int:
     raise OSError(f"no free TCP port on {host} outside the ephemeral range {lo}-{hi}")
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> int:
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> int:
     """The first of `count` consecutive TCP ports all free on `host` right now (a job's work, rollout and
-    control ports: the last two are the first + 1 and + 2 by default, and any of them may be taken)."""
+    control ports: the last two are the first + 1 and + 2 by default, and any of them may be taken), none
+    of them in `avoid`."""
     import socket
 
+    avoid = set(avoid)
     for _ in range(100):
-        base, held = free_port(host), []
+        base, held = free_port(host, avoid), []
         if base + count - 1 >= _ephemeral_range()[0] > base or base + count - 1 > 65535:
             continue  # the run would cross into the kernel's range for outgoing ports, or past the last port
+        if avoid & set(range(base, base + count)):
+            continue
         try:
             for p in range(base, base + count):
                 held.append(s := socket.socket())

@@ -17,19 +17,28 @@ import pytest
 from cli.cluster import RayLauncher
 from learner.ledger import account, check
 from tests.e2e.test_faults import granted_to, job, steps_done, working
-from transport.weights import free_port
+from transport.weights import free_port, free_ports
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+WORKER_PORTS = range(30000, 31000)
+"""Where the test clusters' Ray workers listen (`ray start` refuses a head port among them, and a job's port
+there could be taken by a worker): every other port is picked outside."""
+
+
+def job_ports(host: str = "127.0.0.1") -> dict:
+    """The job's work, rollout and control ports, outside `WORKER_PORTS`."""
+    port = free_ports(3, host, avoid=WORKER_PORTS)
+    return {"transport.work_port": port, "transport.rollout_port": port + 1, "transport.control_port": port + 2}
 
 
 @pytest.fixture
 def ray_cluster(monkeypatch):
     """A Ray head on this machine (its own processes), stopped afterwards with everything it started: the
     processes that `ray start` left running and their descendants (workers, roles), by pid.
-    Its workers take ports 30000-30999, away from where `free_ports` picks the job's. Token authentication
+    Its workers take ports 30000-30999 (`WORKER_PORTS`), away from the head's and the job's. Token authentication
     is off for this loopback test cluster (the head and the driver would otherwise need the same token)."""
-    port = free_port()
+    port = free_port(avoid=WORKER_PORTS)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     started = _ray_start([*RAY, "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false"])
     try:
@@ -39,12 +48,13 @@ def ray_cluster(monkeypatch):
 
 
 def _ray_start(cmd: list[str]) -> list[int]:
-    """Run a `ray start` command (workers on ports 30000-30999, a small object store, no usage stats); the
+    """Run a `ray start` command (workers on `WORKER_PORTS`, a small object store, no usage stats); the
     pids of the Ray processes it left running (not whatever else started meanwhile)."""
     before = set(psutil.pids())
-    subprocess.run([*cmd, "--object-store-memory=100000000", "--disable-usage-stats", "--min-worker-port=30000",
-                    "--max-worker-port=30999"], check=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
-                   timeout=180, capture_output=True)
+    r = subprocess.run([*cmd, "--object-store-memory=100000000", "--disable-usage-stats",
+                        f"--min-worker-port={WORKER_PORTS[0]}", f"--max-worker-port={WORKER_PORTS[-1]}"],
+                       env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, timeout=180, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-2000:]}"
     return [pid for pid in psutil.pids() if pid not in before and _is_ray(pid)]
 
 
@@ -82,7 +92,7 @@ def test_ray_restarts_a_killed_actor_and_the_job_loses_nothing(warm_model_dir, t
     gets the current weights and its groups are trained; the ledger shows no prompt lost or trained twice."""
     run = tmp_path / "run"
     # Ray's own processes share the 2 cores too: a 10 s heartbeat timeout keeps a busy actor from being evicted
-    cfg = job(warm_model_dir, run, steps=100_000, actors=1, **{"transport.heartbeat_timeout_s": 10.0})
+    cfg = job(warm_model_dir, run, steps=100_000, actors=1, **{"transport.heartbeat_timeout_s": 10.0, **job_ports()})
     la = RayLauncher(cfg, ray_cluster, quiet=True)
     state = {}
     try:
@@ -143,7 +153,7 @@ def two_nodes(monkeypatch):
         for cmd in (("ip", "addr", "add", f"{node_ip}/30", "dev", f"{link}b"), ("ip", "link", "set", f"{link}b", "up"),
                     ("ip", "link", "set", "lo", "up")):
             sh("ip", "netns", "exec", ns, *cmd)
-        port = free_port(head_ip)
+        port = free_port(head_ip, avoid=WORKER_PORTS)
         started += _ray_start([*RAY, "start", "--head", f"--node-ip-address={head_ip}", f"--port={port}",
                                "--num-cpus=2", '--resources={"learner_node": 1}', "--include-dashboard=false"])
         started += _ray_start(["ip", "netns", "exec", ns, *RAY, "start", f"--address={head_ip}:{port}",
@@ -167,7 +177,7 @@ def test_ray_places_the_roles_on_two_hosts_that_meet_over_a_network(warm_model_d
     keys = generate(tmp_path / "keys", ["actor-0", "actor-1"], ["admin"])  # off loopback, CURVE is required
     cfg = job(warm_model_dir, run, steps=100_000, actors=2, **{
         "transport.heartbeat_timeout_s": 10.0, "transport.host": head_ip, "transport.curve": True,
-        "transport.keys_dir": str(keys),
+        "transport.keys_dir": str(keys), **job_ports(head_ip),
         "run.ray_learner_resources": {"learner_node": 1}, "run.ray_actor_resources": {"actor_node": 1}})
     la = RayLauncher(cfg, address, quiet=True)
     try:

@@ -111,9 +111,9 @@ async def test_nothing_survives_a_sigkilled_scoring_worker():
     task = asyncio.create_task(pool.score("verifiers.code", "1", [prog], ref))
     try:
         deadline = time.monotonic() + 60
-        while len(sandbox_processes()) < 2 and time.monotonic() < deadline and not task.done():
+        while len(sandbox_processes(programs_only=True)) < 2 and time.monotonic() < deadline and not task.done():
             await asyncio.sleep(0.1)  # the program and its daemon
-        running = set(sandbox_processes())
+        running = set(sandbox_processes())  # and the bubblewrap processes that hold them
         assert len(running) >= 2, (f"sandboxed processes {running}; scoring "
                                    f"{task.exception() or task.result() if task.done() else 'still running'}")
         for pid in list(pool._pool._processes):

@@ -70,6 +70,19 @@ def test_consecutive_free_ports_never_run_past_the_last_port(monkeypatch):
     assert base + 2 <= 65535 and base not in (65534, 65535)
 
 
+def test_consecutive_free_ports_keep_out_of_a_range_to_avoid(monkeypatch):
+    """(Ray's workers' ports, in the cluster tests): a run whose first port is outside but the next ones are
+    inside is not taken either."""
+    import transport.weights as w
+
+    picks = iter([29999])  # 29999 is free to avoid, 30000 and 30001 are not
+    real = w.free_port
+    monkeypatch.setattr(w, "free_port", lambda host="127.0.0.1", avoid=(): next(picks, None) or real(host, avoid))
+    avoid = range(30000, 31000)
+    base = w.free_ports(3, avoid=avoid)
+    assert base != 29999 and not set(range(base, base + 3)) & set(avoid)
+
+
 def test_the_checksum_is_its_definition_on_any_length():
     """(S2 + K·S1) mod 2^64 over 64-bit little-endian words w_p (S1 = Σ w_p, S2 = Σ (p+1)·w_p; trailing bytes
     are words of their own), computed here with Python integers; the device-side tensor form agrees."""

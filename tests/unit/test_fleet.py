@@ -102,16 +102,31 @@ def test_the_command_runs_a_grid_and_names_bad_input(tmp_path, capsys):
     assert json.loads((tmp_path / "fleet.json").read_text())["rates"]["contention"] == 0.0
     with pytest.raises(SystemExit, match="--contention must be >= 0, got -1.0"):
         main(["simulate-fleet", "--contention", "-1", "--out", str(tmp_path)])
+    # the model's size: its updates take longer by the GB (the gpu-1.5b rates' cost per GB)
+    assert main(["simulate-fleet", "--calibration", "gpu-1.5b", "--model-gb", "3,300", "--actors", "3",
+                 "--learner-gpus", "1", "--n", "16", "--prompts-per-step", "4", "--mean-tokens", "64", "--steps", "6",
+                 "--seeds", "1", "--out", str(tmp_path)]) == 0
+    small_model, big_model = json.loads((tmp_path / "fleet.json").read_text())["rows"]
+    assert (small_model["model_gb"], big_model["model_gb"]) == (3.0, 300.0)
+    assert big_model["learner_sync_share"] > 5 * small_model["learner_sync_share"]
+    with pytest.raises(SystemExit, match="--model-gb must be >= 0, got '-3'"):
+        main(["simulate-fleet", "--model-gb", "-3", "--out", str(tmp_path)])
 
 
 def test_gpu_rates_come_from_our_gpu_benchmarks_result_files():
     import json
 
-    from fleet.calibration import RESULTS, gpu_rates
+    from fleet.calibration import GPU_MODEL_GB, RESULTS, gpu_rates
 
     r = gpu_rates()
     learner = json.loads((RESULTS / "learner_gpu.json").read_text())["mfu"][0]["tokens_per_s"]
     assert r.train_s_per_token == pytest.approx(1 / learner) and r.gen_tokens_per_s > 10_000 and r.sync_s_fixed > 0
+    # the update's time, a line over the GB sent, gives each measured model size's back (1.5B and 7B: 3, 14 GB)
+    for row in json.loads((RESULTS / "weight_sync_nccl.json").read_text())["rows"]:
+        if row["GB"] >= 3:
+            assert r.sync_s_fixed + r.sync_s_per_gb * row["GB"] == pytest.approx(row["total_s"], rel=0.15), row
+    sim = Sim(Fleet(model_gb=GPU_MODEL_GB, rates=r))
+    assert sim._transfer_s(8) == pytest.approx(r.sync_s_fixed + r.sync_s_per_gb * 3.0 + 8 * r.sync_s_per_member)
     res = simulate(Fleet(actors=12, learner_gpus=4, n=512, prompts_per_step=16, prompts_per_request=1,
                          mean_tokens=1024, length_sigma=0.5, max_tokens=4096, in_flight="keep", steps=4, rates=r))
     assert res.steps == 4 and res.samples_per_s > 0
