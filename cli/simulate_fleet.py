@@ -110,15 +110,49 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
         res = {k: statistics.mean(getattr(r, k) for r in runs) for k in (
             "samples_per_s", "learner_wait_share", "actor_idle_share", "staleness_mean", "lag_mean",
             "learner_train_share", "learner_sync_share")}
-        rows.append({**point, **res, "bottleneck": bottleneck(res)})
+        keys = sorted({k for r in runs for k in r.staleness_hist}, key=int)
+        hist = {k: statistics.mean(r.staleness_hist.get(k, 0.0) for r in runs) for k in keys}
+        rows.append({**point, **res, "staleness_hist": hist, "bottleneck": bottleneck(res)})
     cols = [k for k in grid if len(grid[k]) > 1] or ["actors"]
-    print(_table(rows, cols + ["samples_per_s", "staleness_mean", "learner_wait_share", "actor_idle_share",
+    print(_table(rows, cols + ["samples_per_s", "staleness_mean", "lag_mean", "learner_wait_share", "actor_idle_share",
                                "learner_train_share", "learner_sync_share", "bottleneck"]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fleet.json").write_text(json.dumps({"rates": vars(rates), "rows": rows}, indent=2) + "\n")
-    print(f"wrote {out / 'fleet.json'}")
+    _plot(rows, cols, out / "fleet.png")
+    print(f"wrote {out / 'fleet.json'} and {out / 'fleet.png'}")
     return 0
+
+
+def _plot(rows: list[dict], cols: list[str], path: Path) -> None:
+    """Per grid point: samples/s; the learner's waiting and the actors' idle shares; the staleness histogram
+    of trained samples (stacked: how many steps behind)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["\n".join(f"{c}={r[c]}" for c in cols) for r in rows]
+    x = range(len(rows))
+    fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(rows) * 3), 3.8))
+    axes[0].bar(x, [r["samples_per_s"] for r in rows])
+    axes[0].set_title("generated samples/s")
+    for i, (key, name) in enumerate((("learner_wait_share", "learner waiting"), ("actor_idle_share", "actors idle"))):
+        axes[1].bar([j + 0.4 * i for j in x], [r[key] for r in rows], width=0.4, label=name)
+    axes[1].set_title("shares of the time")
+    axes[1].legend(fontsize=7)
+    bottom = [0.0] * len(rows)
+    for k in sorted({k for r in rows for k in r["staleness_hist"]}, key=int):
+        h = [r["staleness_hist"].get(k, 0.0) for r in rows]
+        axes[2].bar(x, h, bottom=bottom, label=f"{k} behind")
+        bottom = [b + v for b, v in zip(bottom, h)]
+    axes[2].set_title("staleness of trained samples")
+    axes[2].legend(fontsize=7)
+    for ax in axes:
+        ax.set_xticks(list(x), labels, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def bottleneck(r: dict) -> str:

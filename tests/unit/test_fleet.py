@@ -92,7 +92,10 @@ def test_the_command_runs_a_grid_and_names_bad_input(tmp_path, capsys):
     rows = json.loads((tmp_path / "fleet.json").read_text())["rows"]
     assert [(r["actors"], r["max_staleness"]) for r in rows] == [(1, 0), (1, 1), (3, 0), (3, 1)]
     assert all(r["samples_per_s"] > 0 and r["bottleneck"] for r in rows)
-    assert "samples_per_s" in capsys.readouterr().out
+    assert all(abs(sum(r["staleness_hist"].values()) - 1) < 1e-9 for r in rows)  # shares of trained samples
+    assert [set(r["staleness_hist"]) <= {str(k) for k in range(r["max_staleness"] + 1)} for r in rows] == [True] * 4
+    assert (tmp_path / "fleet.png").stat().st_size > 10_000  # the plot of the grid
+    assert "samples_per_s" in (out := capsys.readouterr().out) and "lag_mean" in out
     with pytest.raises(SystemExit, match=r"--actors must be comma-separated int values, got 'x'"):
         main(["simulate-fleet", "--actors", "x", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--in-flight must be finish or keep"):
