@@ -89,7 +89,7 @@ def _gpu_validate_one(stem: str, seeds: int) -> list[dict]:
         idle = metrics[-1].get("actor_idle_s", 0.0) - metrics[WARM - 1].get("actor_idle_s", 0.0)
         b = max(1, e2e["samples_per_step"] // run["n"])  # the run's prompts a step (the job written is N = 16's)
         seqs = run["n"] * b
-        cal = calibrate(steady, idle, run["n"], seqs, gen_half_seqs=128.0)
+        cal = calibrate(steady, idle, run["n"], seqs, gen_half_seqs=128.0, spread=True)
         mean_tokens = sum(r["tokens"] for r in steady) / sum(r["generated"] for r in steady)
         load = sum(p["actor_update_s"] for p in summarise(metrics, run["actors"])["per_step"][WARM:]) / len(steady)
         # the engine at the raw run's rate (it too had about `seqs` sequences at once)

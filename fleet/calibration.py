@@ -64,13 +64,23 @@ def fit_step(metrics: list[dict], shared_host: bool = False) -> tuple[float, flo
     return 0.0, float(train_s.mean()), 0.0
 
 
+def step_spread(metrics: list[dict], per_token: float, fixed: float, contention: float,
+                shared_host: bool = False) -> tuple[float, ...]:
+    """Each step's measured time over the time `fit_step`'s numbers give it (its tokens; on a shared host
+    also the actor's generating meanwhile, which the simulator applies itself)."""
+    rows = overlap_s(metrics) if shared_host else [(r, 0.0) for r in metrics]
+    beta = contention / (1.0 + contention)
+    return tuple(float(r["train_s"] / max(fixed + per_token * r["train_tokens"] + beta * o, 1e-9)) for r, o in rows)
+
+
 def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: int, gen_half_seqs: float = 16.0,
-              fit: dict | None = None, shared_host: bool = False) -> dict:
+              fit: dict | None = None, shared_host: bool = False, spread: bool = False) -> dict:
     """Rates and job shape from one run's per-step metrics (`metrics.jsonl` rows, start-up excluded by the
     caller) and its actor's total idle seconds. With `fit` (the run's `Fleet` settings: actors, B, credits,
     K), the engine's rate is then scaled until the simulator reproduces the run's samples/s: a group lasts
     as long as its longest completion, which per-step totals do not show. `shared_host`: the roles ran on
-    one host's cores (`fit_step`)."""
+    one host's cores (`fit_step`). `spread`: the simulated steps vary as the measured ones did
+    (`step_spread`), not all at the fitted time."""
     slope, fixed, contention = fit_step(metrics, shared_host)
     loop = loop_seconds(metrics)
     generated_tokens = sum(r["tokens"] for r in metrics)
@@ -94,7 +104,8 @@ def calibrate(metrics: list[dict], actor_idle_s: float, n: int, seqs_in_flight: 
         "rates": asdict(Rates(
             gen_tokens_per_s=rate * (seqs_in_flight + gen_half_seqs) / seqs_in_flight, gen_half_seqs=gen_half_seqs,
             train_s_per_token=slope, train_s_fixed=fixed, sync_s_fixed=sync, load_s=load, contention=contention,
-            score_s_per_group=float(scored.sum()) / groups if groups else 0.0)),
+            score_s_per_group=float(scored.sum()) / groups if groups else 0.0,
+            train_s_spread=step_spread(metrics, slope, fixed, contention, shared_host) if spread else ())),
         "mean_tokens": generated_tokens / max(sum(r["generated"] for r in metrics), 1),
         "keep_rate": 1.0 - dropped / max(received, 1),
         "n": n,

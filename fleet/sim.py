@@ -70,6 +70,9 @@ class Rates:
     contention: float = 0.0
     """Roles sharing a host's cores: while the learner trains and an actor generates, each runs this much
     longer (0.5: 1.5 × as long). 0: each role on devices of its own."""
+    train_s_spread: tuple[float, ...] = ()
+    """Measured steps' times over what the two numbers above give them, one drawn at random for each step
+    (a compiler stall, a slow collective); empty: every step takes its predicted time."""
 
 
 @dataclass
@@ -371,6 +374,8 @@ class Sim:
         speedup = gpus * r.scale_efficiency ** math.log2(gpus)
         tokens = sum(g.n_tokens for g in keep)
         s = tokens * r.train_s_per_token / speedup + r.train_s_fixed
+        if r.train_s_spread:
+            s *= self.rng.choice(r.train_s_spread)
         for g in keep:
             self.staleness[self.version - g.policy_version] += g.n
         self.trained += sum(g.n for g in keep)

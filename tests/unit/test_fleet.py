@@ -236,3 +236,19 @@ def test_a_prompts_completions_share_one_length_or_draw_their_own():
     assert fast > 1.3 * simulate(Fleet(**base, lengths="completion")).samples_per_s
     with pytest.raises(ValueError, match="lengths"):
         Sim(Fleet(**base, lengths="group"))._lengths()
+
+
+def test_steps_can_vary_as_the_measured_ones_did():
+    """`train_s_spread`: each simulated step takes its fitted time times a factor drawn from the measured
+    steps' (a run with compiler stalls); `step_spread` gives those factors."""
+    from fleet.calibration import step_spread
+
+    def train_s_per_step(spread):
+        res = simulate(small(rates=Rates(train_s_fixed=1.0, train_s_per_token=0.0, train_s_spread=spread)))
+        return res.learner_train_share * res.sim_s / res.steps
+
+    assert train_s_per_step(()) == pytest.approx(1.0)
+    assert train_s_per_step((3.0,)) == pytest.approx(3.0)
+    assert 1.0 < train_s_per_step((1.0, 5.0)) < 5.0  # drawn, not averaged away or fixed
+    rows = [{"train_s": 0.1 + 0.001 * t * f, "train_tokens": t} for t, f in ((100, 1), (200, 3), (300, 1))]
+    assert step_spread(rows, 0.001, 0.1, 0.0) == pytest.approx((1.0, 0.7 / 0.3, 1.0))
