@@ -44,12 +44,17 @@ def overlap_s(metrics: list[dict]) -> list[tuple[dict, float]]:
             for a, b in _pairs(metrics) if "actor_idle_s" in b]
 
 
+def _step_rows(metrics: list[dict], shared_host: bool) -> list[tuple[dict, float]]:
+    """(row, the actor's generating seconds during it: `overlap_s` on a shared host, else 0)."""
+    return overlap_s(metrics) if shared_host else [(r, 0.0) for r in metrics]
+
+
 def fit_step(metrics: list[dict], shared_host: bool = False) -> tuple[float, float, float]:
     """-> (train_s_per_token, train_s_fixed, contention): a least-squares line of the step's time over its
     trained tokens (the mean step where the sizes spread too little to tell the two apart); with
     `shared_host` (roles on one host's cores) also over the seconds the actor generated meanwhile, whose
     coefficient β is the learner's slowdown while both run: 1 + contention = 1 / (1 - β)."""
-    rows = overlap_s(metrics) if shared_host else [(r, 0.0) for r in metrics]
+    rows = _step_rows(metrics, shared_host)
     train_s = np.array([r["train_s"] for r, _ in rows])
     cols = {"tokens": np.array([r["train_tokens"] for r, _ in rows], float), "overlap": np.array([o for _, o in rows])}
     for use in (("tokens", "overlap"), ("overlap",), ("tokens",), ()):
@@ -68,7 +73,7 @@ def step_spread(metrics: list[dict], per_token: float, fixed: float, contention:
                 shared_host: bool = False) -> tuple[float, ...]:
     """Each step's measured time over the time `fit_step`'s numbers give it (its tokens; on a shared host
     also the actor's generating meanwhile, which the simulator applies itself)."""
-    rows = overlap_s(metrics) if shared_host else [(r, 0.0) for r in metrics]
+    rows = _step_rows(metrics, shared_host)
     beta = contention / (1.0 + contention)
     return tuple(float(r["train_s"] / max(fixed + per_token * r["train_tokens"] + beta * o, 1e-9)) for r, o in rows)
 

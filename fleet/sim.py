@@ -427,10 +427,10 @@ class Sim:
                 for gid in stale:
                     self.dispatcher.give_back([a.inflight.pop(gid)[1].pid])
                     self._wake()
-                self._contend()
                 self._maybe_idle(a)
             if self.f.in_flight == "keep" or not a.inflight:
                 self._member_ready(i)
+        self._contend()  # the aborted requests no longer load the shared cores
         self._maybe_transfer()
 
     def _member_ready(self, i: int) -> None:
