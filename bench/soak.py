@@ -134,7 +134,7 @@ def main() -> int:
                         "pass_rate": r.get("pass_rate")} for r in rows],
         "ledger": {"ok": ledger_ok, "error": ledger_error, "trained": len(acc.trained), "granted": len(acc.granted),
                    "dropped": len(acc.dropped), "pending_at_end": len(acc.end_pending),
-                   "restarted_or_evicted_returns": len(acc.returned)},
+                   "restarted_or_evicted_returns": sum(r["reason"] in ("restarted", "evicted") for r in acc.returned)},
         "command": "python -m bench.soak " + " ".join(sys.argv[1:]),
     }
     return report(result)

@@ -157,10 +157,12 @@ class Dispatcher:
         return {"next_id": self.next_id, "pending": sorted(self.pending)}
 
     def load_state(self, st: dict) -> None:
+        """What `state` saved: the prompts pending then wait in the queue, and stay pending (so a checkpoint
+        taken before they are all granted again still holds them, and they count against freshness)."""
         self.next_id = int(st["next_id"])
-        self.pending = set()
         self.outstanding = {}
         self.requeue = collections.deque(sorted(int(p) for p in st["pending"]))
+        self.pending = set(self.requeue)
 
 
 class Admission:

@@ -2,7 +2,9 @@
 of every prompt — what was granted to whom, trained, dropped, returned, and left pending.
 
 Rows: {"start": step, "epoch", "next_id", "pending"} when a learner process starts (a resume starts again at its checkpoint's
-step); {"granted": [...], "actor", "incarnation"}; {"returned": [...], "actor", "reason"};
+step); {"granted": [...], "actor", "incarnation"}; {"returned": [...], "actor", "reason"} when prompts go back
+to the queue to be granted again (reason: restarted, evicted, handed_back — the actor aborted or failed
+them —, invalid, unleased, stale);
 {"step": s, "trained": [...], "dropped": [...]}; {"end": step, "pending": [...]} when a learner finishes.
 Steps a learner trained after its last checkpoint and before it died are lost: the next process trains
 from the checkpoint again, so only each process's steps up to the next one's start count."""
@@ -28,6 +30,8 @@ class Account:
     returned: list[dict] = field(default_factory=list)
     end_pending: list[int] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
+    regranted: list[int] = field(default_factory=list)
+    """Prompts granted again without having come back (a learner handing out one prompt twice)."""
     void: set[int] = field(default_factory=set)
     """Prompts granted only by a learner that died before checkpointing them (its successor starts from an
     earlier data cursor and hands those ids out afresh, or never)."""
@@ -49,7 +53,18 @@ def account(run_dir: str | Path) -> Account:
         later = {pid for s2 in segments[i + 1:] for r in s2 for pid in r.get("granted", [])}
         acc.void |= {pid for r in seg for pid in r.get("granted", [])
                      if pid >= nxt.get("next_id", 10**18) and pid not in later}
+        # a grant hands out a fresh id (at or past the start's cursor, once) or one that came back (left
+        # pending by the process before, or returned since)
+        back, issued, cursor = set(seg[0].get("pending", [])), set(), seg[0].get("next_id", 0)
         for r in seg:
+            back |= set(r.get("returned", []))
+            for pid in r.get("granted", []):
+                if pid in back:
+                    back.discard(pid)
+                elif pid >= cursor and pid not in issued:
+                    issued.add(pid)
+                else:
+                    acc.regranted.append(pid)
             if "trained" in r and r["step"] <= upto:
                 acc.steps.append(r["step"])
                 acc.trained += r["trained"]
@@ -73,8 +88,8 @@ def _require(ok: bool, what: str) -> None:
 
 
 def check(acc: Account, steps: int, per_step: int | None = None) -> None:
-    """Every step once, no prompt trained twice, every granted prompt trained, dropped or still pending;
-    raises LedgerError naming what is wrong (tests and `bench/soak.py` use it)."""
+    """Every step once, no prompt trained twice or granted again unless it came back, every granted prompt
+    trained, dropped or still pending; raises LedgerError naming what is wrong (tests and `bench/soak.py`)."""
     _require(acc.steps == list(range(1, steps + 1)), f"steps trained: {acc.steps}, expected 1..{steps}")
     dup = sorted(p for p, n in Counter(acc.trained).items() if n > 1)
     _require(not dup, f"prompts trained twice: {dup}")
@@ -83,5 +98,6 @@ def check(acc: Account, steps: int, per_step: int | None = None) -> None:
     if per_step is not None:
         _require(len(acc.trained) == per_step * steps, f"{len(acc.trained)} prompts trained, expected "
                                                         f"{per_step} x {steps}")
+    _require(not acc.regranted, f"granted again without having come back: {acc.regranted}")
     unaccounted = set(acc.granted) - acc.void - set(acc.trained) - set(acc.dropped) - set(acc.end_pending)
     _require(not unaccounted, f"granted but never trained, dropped or pending at the end: {sorted(unaccounted)}")

@@ -65,7 +65,7 @@ class LearnerService:
         self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
         self.dispatcher, self.admission = Dispatcher(cfg), Admission(cfg.learner.max_staleness)
         self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
-                               self.dispatcher.give_back)
+                               lambda pids: self.take_back(pids, None, "stale", holder=False))
         t = cfg.transport
         self.members = Membership(t.heartbeat_timeout_s, t.max_actors)
         self.validator = GroupValidator(cfg, model.get_input_embeddings().num_embeddings)
@@ -333,7 +333,7 @@ class LearnerService:
         elif isinstance(msg, wire.WorkRequest):
             if self.members.seen(actor):
                 self.batcher.wake()
-            self.dispatcher.give_back(msg.returned, actor)
+            self.take_back(msg.returned, actor, "handed_back")  # aborted (too stale) or failed there
             items = self.dispatcher.grant(actor, msg.credits, self.batcher.room(), step=self.version,
                                           actor_version=msg.version, settled=len(self.batcher.consumed_ids))
             if items:
@@ -356,6 +356,11 @@ class LearnerService:
             return f"routing identity {ident[:64]!r} is not actor {actor!r}"
         address = None if hello else self.members.addresses.get(actor)  # a hello may come from a new host
         return identity_problem(actor, peer, address, self.cfg.transport.curve)
+
+    def take_back(self, pids: list[int], actor: str | None, reason: str, holder: bool = True) -> None:
+        """Prompts back to the queue (with `holder`, those `actor` holds) and a ledger row saying why."""
+        if back := self.dispatcher.give_back(pids, actor if holder else None):
+            self._record({"returned": back, "actor": actor, "reason": reason})
 
     def _record(self, row: dict) -> None:
         self.ledger.write(json.dumps(row) + "\n")
@@ -395,23 +400,20 @@ class LearnerService:
         problem = self.validate(g, peer)
         if problem:
             self.validator.count(g.actor_id[:64], g.group_id[:200], problem)
-            self.dispatcher.give_back([g.prompt_id], g.actor_id)  # if it held the prompt: granted again
+            self.take_back([g.prompt_id], g.actor_id, "invalid")  # if it held the prompt: granted again
             await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(dups, {g.group_id: problem}))
             return
         await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([g.group_id] + dups))
-        if not self.members.said_hello(g.actor_id):
-            self.batcher.count_unleased(g)  # generated for an earlier learner process (we restarted)
-            self.dispatcher.give_back([g.prompt_id], g.actor_id)
-        elif g.actor_id in self.members.bad_weights:
-            self.batcher.count_unleased(g)  # made with weights that failed their checksum
-            self.dispatcher.give_back([g.prompt_id], g.actor_id)
+        if not self.members.said_hello(g.actor_id) or g.actor_id in self.members.bad_weights:
+            self.batcher.count_unleased(g)  # made for an earlier learner process, or with weights that failed
+            self.take_back([g.prompt_id], g.actor_id, "unleased")  # their checksum
         elif not self.dispatcher.claim(g.prompt_id, g.actor_id):
             self.batcher.count_unleased(g)  # answered already, or granted to another actor meanwhile
         elif self.admission.admit(g, self.version):
             self.batcher.add(g)
         else:
             self.batcher.count_stale(g)
-            self.dispatcher.give_back([g.prompt_id])
+            self.take_back([g.prompt_id], g.actor_id, "stale", holder=False)
 
     def validate(self, g: wire.RolloutGroup, peer: Peer) -> str:
         """"" if the group may be used, else the reason (`learner.validation`)."""

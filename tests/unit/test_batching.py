@@ -104,3 +104,21 @@ async def test_batcher_looks_past_stale_groups_without_waiting_for_new_ones():
         b.add(g)
     batch = await asyncio.wait_for(b.next_batch(step=5, interrupted=lambda: False), 1.0)
     assert [g.group_id for g in batch.groups] == ["a:2", "a:3"] and sorted(back) == [0, 1]
+
+
+def test_a_restored_dispatcher_keeps_its_pending_prompts_until_they_are_consumed():
+    d = _dispatcher(B=4, K=0)
+    granted = [i.prompt_id for i in d.grant("a", 100, 100, step=0, actor_version=0)]
+    d.commit(granted[:1])
+    saved = d.state()
+    assert saved == {"next_id": 4, "pending": [1, 2, 3]}
+    r = _dispatcher(B=4, K=0)
+    r.load_state(saved)
+    # a checkpoint taken now, before anything is granted again, still holds them
+    assert r.state() == saved
+    # they are granted first, one at a time here, and a checkpoint between grants loses none of them
+    assert [i.prompt_id for i in r.grant("b", 1, 100, step=1, actor_version=1)] == [1]
+    assert r.state() == saved
+    # and they count against freshness: K = 0 allows B = 4 in play, 3 are pending, so one fresh prompt
+    assert [i.prompt_id for i in r.grant("b", 100, 100, step=1, actor_version=1)] == [2, 3, 4]
+    assert r.grant("b", 100, 100, step=1, actor_version=1) == []
