@@ -86,8 +86,6 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     nxt = st.meta["dispatcher"]["next_id"]
     assert first[: len(pending)] == sorted(pending) and len(first) > len(pending)
     assert first[len(pending):] == list(range(nxt, nxt + len(first) - len(pending)))
-    trained = [pid for row in _ledger(run_dir) if "trained" in row for pid in row["trained"]]
-    assert len(trained) == len(set(trained)), "a prompt's group was trained twice"
     # actors' weights followed the versions (the learner checked their checksums)
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "reports weights" not in learner_log  # no checksum mismatch was reported
