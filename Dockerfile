@@ -19,7 +19,7 @@ ARG PIP_FIND_LINKS=""
 
 LABEL org.opencontainers.image.title="brorl" \
       org.opencontainers.image.description="Asynchronous large-N RL from verifiable rewards (BroRL)" \
-      brorl.roles="run actor learner eval sft keys verifiers simulate simulate-fleet make-tiny-model config"
+      brorl.roles="run actor learner eval data sft keys verifiers simulate simulate-fleet make-tiny-model config"
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
@@ -46,6 +46,7 @@ COPY tinymodel tinymodel
 COPY evaluation evaluation
 COPY transport transport
 COPY verifiers verifiers
+COPY taskdata taskdata
 COPY theory theory
 COPY config config
 RUN pip install --upgrade pip \

@@ -27,7 +27,7 @@ from actors.scoring import ScoringPool
 from actors.stats import ActorStats, EngineLoad
 from actors.supervisor import EngineSupervisor
 from actors.tasks import TaskSet, unless
-from actors.verifier_set import ActorVerifiers
+from actors.verifier_set import ActorRefused, ActorVerifiers
 from actors.weight_sync import WeightSync
 from config.schema import BrorlConfig
 from transport import wire
@@ -69,7 +69,7 @@ class Actor:
         self.pool = ScoringPool(self.cfg.verifiers.workers, self.cfg.verifiers.timeout_s)
         self.updates = WeightUpdates(self.cfg, self.supervisor, self.sync, self.load, self.stats, self.versions,
                                      self._error)
-        await self._track(self.supervisor.engine)
+        await self.updates.track(self.supervisor.engine)
         self.pipeline = GroupPipeline(self.cfg, self.actor_id, self.supervisor, self.sync, self.load, self.pool,
                                       self.verifiers, self.stats, self.versions)
         t = self.cfg.transport
@@ -116,19 +116,9 @@ class Actor:
             except asyncio.TimeoutError:
                 pass
 
-    async def _track(self, engine) -> None:
-        """With in-flight updates the engine counts each request's tokens (their versions); a vLLM that
-        cannot (or cannot pause keeping requests) falls back to "finish", loudly."""
-        if self.updates.mode == "keep" and not (hasattr(engine, "pause_generation")
-                                                and await WeightReceiver(engine).track_requests()):
-            self.updates.mode = "finish"
-            self._error("actor.in_flight_on_update = \"keep\" is not possible with this vLLM (no pause keeping "
-                        "requests, or no per-request token counts in its model runner; vLLM's V2 GPU model runner has "
-                        "none: VLLM_USE_V2_MODEL_RUNNER=0): falling back to \"finish\"")
-
     async def _engine_up(self, engine) -> None:
         self.stats.engine_restarts = self.supervisor.restarts
-        await self._track(engine)
+        await self.updates.track(engine)
         self.sync.engine_restarted(WeightReceiver(engine, is_async=True))
         await self._request(0, [])  # hand back what the dead engine had in flight
         await self.sockets.work.send(self.sockets.hello(self.sync.version))
@@ -230,8 +220,7 @@ class Actor:
                 assign = await asyncio.wait_for(self._assignments.get(), 5.0)
             except asyncio.TimeoutError:
                 continue
-            if not assign.items:
-                await asyncio.sleep(0.1)
+            await asyncio.sleep(0 if assign.items else 0.1)
             for item in assign.items:
                 rid = f"{self.actor_id}-{item.prompt_id}-{uuid.uuid4().hex[:8]}"
                 self.inflight[rid] = item
@@ -240,10 +229,14 @@ class Actor:
     async def _group(self, rid: str, item: wire.PromptItem) -> None:
         """One prompt end to end. Whatever fails, the prompt is either sent as a group or handed back."""
         try:
+            await self.checked.ensure(item.verifier)  # a verifier first named by a file's prompt: self-tested now
             if not await self.pipeline.run(rid, item, self.sockets.rollouts):
                 self.returned.append(item.prompt_id)
         except asyncio.CancelledError:
             raise
+        except ActorRefused as e:  # this actor cannot score the job's tasks: it stops, loudly (EXIT_REFUSED)
+            self.returned.append(item.prompt_id)
+            self.tasks.fail(e)
         except Exception as e:
             if not self.supervisor.check(e):  # a dead engine is being rebuilt; anything else is logged
                 self.last_error = f"prompt {item.prompt_id}: {type(e).__name__}: {e}"

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from transport.weights import WeightReceiver
+
 log = logging.getLogger("brorl.actor")
 _CHILD = re.compile(r"^(\d+)_(.+)$")  # vLLM's id of completion i of a request with n > 1: "<i>_<parent id>"
 
@@ -102,6 +104,16 @@ class WeightUpdates:
         self.max_staleness = cfg.learner.max_staleness
         self.supervisor, self.sync, self.load, self.stats = supervisor, sync, load, stats
         self.versions, self.on_error = versions, on_error
+
+    async def track(self, engine) -> None:
+        """With in-flight updates the engine counts each request's tokens (their versions); a vLLM that
+        cannot (or cannot pause keeping requests) falls back to "finish", loudly."""
+        if self.mode == "keep" and not (hasattr(engine, "pause_generation")
+                                        and await WeightReceiver(engine).track_requests()):
+            self.mode = "finish"
+            self.on_error("actor.in_flight_on_update = \"keep\" is not possible with this vLLM (no pause keeping "
+                          "requests, or no per-request token counts in its model runner; vLLM's V2 GPU model runner "
+                          "has none: VLLM_USE_V2_MODEL_RUNNER=0): falling back to \"finish\"")
 
     async def apply(self, target: int, inflight: dict[str, Any]) -> None:
         engine = self.supervisor.engine

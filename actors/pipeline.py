@@ -50,7 +50,8 @@ class GroupPipeline:
             sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY,
                                  max_tokens=request_max_tokens(a, self.cfg.run.seed, item.prompt_id),
                                  **self.texts.request_kwargs())
-            async for out in self.supervisor.engine.generate(item.prompt, sp, rid):
+            prompt = {"prompt_token_ids": item.prompt_token_ids} if item.prompt_token_ids else item.prompt
+            async for out in self.supervisor.engine.generate(prompt, sp, rid):
                 final = out
         except BaseException:
             self.versions.forget(rid)
@@ -66,8 +67,8 @@ class GroupPipeline:
                                      [o.index for o in outs])
         t1 = time.monotonic()
         path = self.verifiers.path(item.verifier)
-        scored = None if path is None else await self.pool.score(
-            path, self.verifiers.get(item.verifier).version, self.texts(outs), item.reference)
+        scored = None if path is None else await self.pool.score_answers(
+            path, self.verifiers.get(item.verifier).version, self.texts(outs), item.reference, self.cfg.data)
         self.stats.score_s += time.monotonic() - t1
         if era != self.era:
             return True  # the learner restarted meanwhile: nobody wants this group any more

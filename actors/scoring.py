@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from config.data import DataConfig
+from taskdata import answer_region
 from verifiers.base import VerifierResult
 
 _CACHE: dict[str, object] = {}
@@ -123,6 +125,17 @@ class ScoringPool:
                     self._restart()
             todo = [i for i in todo if out[i] is None]
         return [s for s in out if s is not None]
+
+    async def score_answers(self, path: str, version: str, completions: list[str], reference: str,
+                            data: DataConfig) -> list[Scored]:
+        """`score` on each completion's answer part (`taskdata.answer_region`: after the reasoning block);
+        a completion whose reasoning never closes gets the configured outcome without being scored."""
+        answers = [answer_region(c, data.reasoning_end, data.unclosed_reasoning) for c in completions]
+        todo = [i for i, a in enumerate(answers) if a is not None]
+        out = [Scored(VerifierResult(0.0, False, "reasoning not closed"), version)] * len(completions)
+        for i, s in zip(todo, await self.score(path, version, [answers[i] for i in todo], reference) if todo else []):
+            out[i] = s
+        return out
 
     def close(self) -> None:
         self._kill_workers()

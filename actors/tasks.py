@@ -26,6 +26,12 @@ class TaskSet:
             self.error.__cause__ = task.exception()
             self.failed.set()
 
+    def fail(self, error: BaseException) -> None:
+        """Stop the owner with `error` (unless one failed first)."""
+        if self.error is None:
+            self.error = error
+            self.failed.set()
+
     def cancel_all(self) -> None:
         for task in list(self._tasks):
             task.cancel()

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from config.schema import BrorlConfig
 from verifiers.check import allowed, check
-from verifiers.datasets import verifier_names
+from taskdata import DataError, uses_files, verifier_names
 from verifiers.registry import Registry, VerifierLoadError
 from verifiers.sandbox import UNSAFE_ENV
 
@@ -31,17 +32,36 @@ class ActorVerifiers:
 
     async def self_test(self) -> None:
         """Every verifier the configured tasks use must pass its self-test — through the code path scoring
-        takes (for `code`: the real sandbox) — or the actor refuses to start, with the reason."""
+        takes (for `code`: the real sandbox) — or the actor refuses to start, with the reason. The tasks of
+        data files that this host cannot read (an actor on another machine) are not known here: their
+        verifiers are self-tested when a prompt first names them (`ensure`)."""
         v = self.cfg.verifiers
         os.environ[UNSAFE_ENV] = "1" if v.sandbox_unsafe else "0"  # what the verifier processes inherit
-        for name in sorted(verifier_names(v.task, self.cfg.run.seed, v.difficulty)):
-            path = self.registry.path(name)
-            if path is None:
-                raise ActorRefused(f"the tasks use verifier {name!r}, which is not registered")
+        d = self.cfg.data
+        elsewhere = [s.path for s in (*d.train, *d.eval) if not Path(s.path).exists()] if uses_files(self.cfg) else []
+        if elsewhere:
+            log.info("data files not on this host (%s): verifiers are self-tested at first use", ", ".join(elsewhere))
+            names: set[str] = set()
+        else:
             try:
-                self.registry.adopt(name, await check(path, v.check_timeout_s))
-            except VerifierLoadError as e:
-                raise ActorRefused(f"verifier {name!r} failed its start-up self-test: {e}") from None
+                names = verifier_names(self.cfg)
+            except DataError as e:
+                raise ActorRefused(f"the job's data cannot be used: {e}") from None
+        for name in sorted(names):
+            await self.ensure(name, "start-up ")
+
+    async def ensure(self, name: str, when: str = "") -> None:
+        """Self-test the verifier for `name` unless it passed already; ActorRefused (the actor stops) if it
+        is unknown or fails."""
+        if name in self.registry.in_force():
+            return
+        path = self.registry.path(name)
+        if path is None:
+            raise ActorRefused(f"the tasks use verifier {name!r}, which is not registered")
+        try:
+            self.registry.adopt(name, await check(path, self.cfg.verifiers.check_timeout_s))
+        except VerifierLoadError as e:
+            raise ActorRefused(f"verifier {name!r} failed its {when}self-test: {e}") from None
 
     async def swap(self, name: str, path: str) -> str:
         """Make `path` the verifier for `name`; "" on success, else why not (the old one stays)."""

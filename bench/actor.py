@@ -95,7 +95,7 @@ async def bench(args) -> list[dict]:
             "actor.max_model_len": args.prompt_len + args.max_tokens + 8}
     if args.max_num_seqs:
         over["actor.max_num_seqs"] = args.max_num_seqs
-    cfg = load_config(args.preset, over)
+    cfg = load_config(args.preset, {"verifiers.task": "synthetic", **over})  # the engine alone: no task data read
     kw = {**engine_kwargs(cfg.model, cfg.actor, seed=0, weight_backend=cfg.transport.weight_backend), **extra,
           **json.loads(args.engine_kw)}
     vocab = QWEN2_1P5B["vocab_size"] if args.dummy_1p5b else json.loads((Path(path) / "config.json").read_text())["vocab_size"]

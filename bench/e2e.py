@@ -85,16 +85,18 @@ def model_dir(shape: str) -> str:
 async def _raw(cfg, prompts: int) -> dict:
     from actors.engine import CompletionTexts, make_async_engine, request_max_tokens, sampling_params
     from learner.batching import TaskStream
+    from taskdata import PromptRenderer
     from vllm.sampling_params import RequestOutputKind
 
     engine = make_async_engine(cfg)
-    tasks = TaskStream(cfg, "train")  # the job's own prompts, ids 0.. (so the same budgets too)
-    items = [tasks[i] for i in range(prompts)]
+    # the job's own prompts, ids 0.., rendered as the learner renders them (so the same budgets too)
+    tasks = TaskStream(cfg, PromptRenderer.for_model(cfg.model.path, cfg.data, cfg.actor.max_model_len - 1))
+    items = [{"prompt_token_ids": tasks[i][1]} for i in range(prompts)]
     a = cfg.actor
     tokens = 0
     texts_of = CompletionTexts(cfg.model.path, a)  # the text as the actor gets it
 
-    async def one(i: int, prompt: str) -> None:
+    async def one(i: int, prompt: dict) -> None:
         nonlocal tokens
         sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=request_max_tokens(a, cfg.run.seed, i),
                              **texts_of.request_kwargs())
@@ -107,9 +109,9 @@ async def _raw(cfg, prompts: int) -> dict:
         tokens += sum(len(o.token_ids) for o in final.outputs)
 
     try:
-        await one(-1, items[0].prompt)  # warm-up: the engine's first request compiles and captures
+        await one(-1, items[0])  # warm-up: the engine's first request compiles and captures
         t0 = time.perf_counter()
-        await asyncio.gather(*(one(i, t.prompt) for i, t in enumerate(items)))
+        await asyncio.gather(*(one(i, t) for i, t in enumerate(items)))
         wall = time.perf_counter() - t0
     finally:
         engine.shutdown()

@@ -87,10 +87,15 @@ def peak_flops() -> float:
     return next((v for k, v in PEAK_BF16.items() if k in name), float("nan"))
 
 
+ONLY_LEARNER = {"verifiers.task": "synthetic"}
+"""The learner alone is measured on synthetic groups: the presets' own data (`data.train`, which they require)
+is not read, so a generator stands in for it."""
+
+
 def preset_learner(preset: str = "brorl-1.5b", **over):
     from config.loader import load_config
 
-    cfg = load_config(preset, {f"learner.{k}": v for k, v in over.items()})
+    cfg = load_config(preset, {**ONLY_LEARNER, **{f"learner.{k}": v for k, v in over.items()}})
     return cfg.learner
 
 
@@ -148,7 +153,7 @@ def case(kind: str, p: dict) -> dict:
     if kind == "preset":  # one step with a preset's own learner settings and its group size N
         from config.loader import load_config
 
-        n = load_config(p["preset"]).actor.n_samples
+        n = load_config(p["preset"], ONLY_LEARNER).actor.n_samples
         lc = preset_learner(p["preset"], prompts_per_step=p["groups"])
         groups = synthetic_groups(p["groups"], n, p["prompt"], p["completions"], QWEN_15B["vocab_size"])
         return {**p, "n": n, **run_step(groups, lc)}
@@ -156,7 +161,7 @@ def case(kind: str, p: dict) -> dict:
         from learner.ranks import join_ranks  # noqa: F401  (the env is set by `ranks`)
         from config.loader import load_config
 
-        cfg = load_config("brorl-1.5b", {"learner.prompts_per_step": p["groups"], "actor.n_samples": p["n"],
+        cfg = load_config("brorl-1.5b", {**ONLY_LEARNER, "learner.prompts_per_step": p["groups"], "actor.n_samples": p["n"],
                                          "learner.devices": int(os.environ.get("WORLD_SIZE", "1"))})
         cfg, ranks = join_ranks(cfg)
         groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])

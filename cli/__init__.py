@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import (actor, evaluate, keys, learner, make_tiny_model, run, sft, show_config, simulate, simulate_fleet,
-                 verifiers)
+from cli import (actor, data, evaluate, keys, learner, make_tiny_model, run, sft, show_config, simulate,
+                 simulate_fleet, verifiers)
 
 # In the order `brorl --help` lists them.
-COMMANDS = (run, actor, learner, evaluate, sft, keys, verifiers, simulate, simulate_fleet, make_tiny_model, show_config)
+COMMANDS = (run, actor, learner, evaluate, data, sft, keys, verifiers, simulate, simulate_fleet, make_tiny_model,
+            show_config)
 
 
 def build_parser() -> argparse.ArgumentParser:

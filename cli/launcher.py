@@ -337,6 +337,8 @@ def _summary(cfg, rows, before, after, wall, restarts) -> dict:
         "samples": total("generated"), "samples_per_s": total("generated") / wall if wall else 0,
         "time_wait_s": total("wait_s"), "time_train_s": total("train_s"), "time_broadcast_s": total("broadcast_s"),
         "mean_pass_rate": total("pass_rate") / len(rows) if rows else 0,
+        "pass_at_1_by_source": {src: [(before or {}).get("by_source", {}).get(src, {}).get("pass_at_1"), r["pass_at_1"]]
+                                for src, r in (after or {}).get("by_source", {}).items()},
     }
 
 
@@ -347,6 +349,8 @@ def _summary_text(s: dict, run_dir: Path) -> str:
     busy = s["time_wait_s"] + s["time_train_s"] + s["time_broadcast_s"] or 1
     return (f"\n== brorl run: {s['steps']} steps in {s['wall_s']:.0f} s ==\n"
             f"held-out pass@1: {pct(s['pass_at_1_before'])} -> {pct(s['pass_at_1_after'])}\n"
+            + "".join(f"  {src}: {pct(b)} -> {pct(a)}\n" for src, (b, a) in s["pass_at_1_by_source"].items()
+                      if len(s["pass_at_1_by_source"]) > 1) +
             f"throughput: {s['samples']:.0f} samples, {s['samples_per_s']:.1f} samples/s; "
             f"dynamic-sampling pass rate {s['mean_pass_rate']:.2f}\n"
             f"learner time: waiting for data {100 * s['time_wait_s'] / busy:.0f}%, training "

@@ -10,6 +10,7 @@ dotted field (`learner.eps_high: ...`).
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any, Iterable
@@ -72,7 +73,13 @@ def _parse_value(raw: str) -> Any:
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        return raw
+        pass
+    if raw.lstrip()[:1] in "[{":  # JSON too: `--data.train '[{"path": "a.parquet", "weight": 2}]'`
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            pass
+    return raw
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +136,8 @@ def to_toml(cfg: BrorlConfig) -> str:
 
 
 def _toml_value(v: Any) -> str:
+    if hasattr(v, "model_dump"):  # a table inside a section (a data source)
+        v = v.model_dump()
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from config.data import DataConfig
 from config.placement import check_fields
+from config.run import RunConfig
 
 #: vLLM captures CUDA graphs for decode batches up to this many sequences by default; above it the
 #: engine falls back to eager kernels (seen on the GPU machine: 110 vs 71 samples/s, shared/gpu).
@@ -201,6 +203,18 @@ class LearnerConfig(_Section):
     through the LM head in chunks of ⌊budget / (4 · vocabulary)⌋ rows, so peak memory stays flat as
     vocabulary × batch grows."""
 
+    overlong_filter: bool = False
+    """Mask completions cut at `actor.max_tokens` (finish reason "length") out of the loss (DAPO's overlong
+    filtering); they still count in their group's baseline. The paper names none: its presets leave it off."""
+
+    overlong_buffer: int = Field(0, ge=0)
+    """DAPO's soft overlong punishment: a completion within this many tokens of `actor.max_tokens` loses
+    reward linearly, `overlong_penalty` at the limit (added to the verifier's reward before the advantages;
+    dynamic sampling still reads correctness). 0: off."""
+
+    overlong_penalty: float = Field(1.0, ge=0.0)
+    """The reward a completion of `actor.max_tokens` tokens loses under `overlong_buffer`."""
+
     dynamic_sampling: bool = True
     """Drop groups whose N completions are all correct or all wrong (DAPO); needs N ≥ 2."""
 
@@ -303,9 +317,9 @@ class TransportConfig(_Section):
 
 class VerifierConfig(_Section):
     task: str = "synthetic"
-    """Task family for training and evaluation: synthetic, math, code, reasoning_gym:<dataset>, or
+    """The procedural task, used when `data.train` names no file: synthetic, reasoning_gym:<dataset>, or
     throughput:<pass rate>[:<prompt chars>] (any model, trained or not, passes at that rate: for measuring
-    the system with random-weight models)."""
+    the system with random-weight models). "" : none (the job must name `data.train`)."""
 
     difficulty: int = Field(1, ge=1)
     """Difficulty knob of the synthetic task (digits per operand)."""
@@ -332,50 +346,6 @@ class VerifierConfig(_Section):
     them anyway with rlimits and a wall-clock kill only. Off: an actor of a code task refuses to start."""
 
 
-class RunConfig(_Section):
-    run_dir: str = "runs/default"
-    """Folder for checkpoints, metrics and plots."""
-
-    seed: int = 0
-    """Master seed."""
-
-    eval_prompts: int = Field(64, ge=1)
-    """Held-out prompts used for pass@1 before and after training."""
-
-    eval_samples: int = Field(16, ge=1)
-    """k samples per prompt for pass@1 (paper: 16, temperature 0.6, top_p 0.95)."""
-
-    max_actor_restarts: int = Field(20, ge=0)
-    """`brorl run` restarts an actor process that dies, with a back-off (1 s doubling to 60 s; reset after 10
-    minutes of life), at most this many times per actor; past that the actor stays down and is reported."""
-
-    log_max_mb: float = Field(50.0, gt=0.0)
-    """`brorl run` rotates a role's log (`logs/<role>.log` -> `.log.1`, one old copy) when it has grown past
-    this size, checked every few seconds."""
-
-    ray_learner_resources: dict[str, float] = Field(default_factory=dict)
-    """`brorl run --cluster`: Ray custom resources the learner's Ray actor asks for besides its CPU and GPUs,
-    to put it on chosen nodes: `{learner_node = 1}` with `ray start --resources '{"learner_node": 1}'` on
-    them. Empty: Ray places it wherever its CPU and GPUs fit."""
-
-    ray_actor_resources: dict[str, float] = Field(default_factory=dict)
-    """The same for each actor's Ray actor (`{actor_node = 1}`: an actor per unit on the nodes offering it)."""
-
-    eval_interval: int = Field(0, ge=0)
-    """Every this many steps (and before the first), the learner estimates held-out pass@1 itself with
-    transformers (k = `eval_samples`, temperature 0.6, top_p 0.95) into `heldout.jsonl` and the metrics
-    (`heldout_pass_at_1`). 0 = off; meant for small models (it pauses training while it runs)."""
-
-
-    @field_validator("ray_learner_resources", "ray_actor_resources")
-    @classmethod
-    def _positive_amounts(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: a for k, a in v.items() if not k or a <= 0}
-        if bad:
-            raise ValueError(f"Ray resources need a name and an amount > 0: {bad}")
-        return v
-
-
 class BrorlConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model."""
@@ -391,6 +361,9 @@ class BrorlConfig(_Section):
 
     verifiers: VerifierConfig = Field(default_factory=VerifierConfig)
     """Tasks and rewards."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    """The user's task files, prompt rendering and answer reading."""
 
     run: RunConfig = Field(default_factory=RunConfig)
     """Run folder, seeds, evaluation."""
@@ -461,6 +434,12 @@ class BrorlConfig(_Section):
         if lrn.activation_checkpointing_fraction < 1 and not lrn.activation_checkpointing:
             raise ValueError(f"learner.activation_checkpointing_fraction = {lrn.activation_checkpointing_fraction} "
                              f"with learner.activation_checkpointing off: nothing is recomputed; turn it on")
+        if not self.data.train and not self.verifiers.task:
+            raise ValueError("data.train is empty and verifiers.task is unset: this job trains on your files; name "
+                             "them, e.g. --data.train train.parquet (check them first: brorl data preview)")
+        if lrn.overlong_buffer >= act.max_tokens:
+            raise ValueError(f"learner.overlong_buffer ({lrn.overlong_buffer}) must be below actor.max_tokens "
+                             f"({act.max_tokens}): the penalty ramps up over the last tokens before the limit")
         check_fields(self)  # GPU placement: double booking, counts (the hardware is checked at launch)
         if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
             raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")

@@ -5,8 +5,10 @@ the tiny model (transformers) and by `brorl eval` (vLLM, `vllm.py`), so every pa
 the README means the same thing. Completions are scored through `verifiers.registry` — the scoring path
 that serves training rollouts.
 
-Lives here: `EvalSettings` (k, temperature, top-p, max tokens, stop), `heldout_tasks` (the eval split,
-disjoint from training by construction), `pass_at_k` (the unbiased estimator) and `score` / `summarize`.
+Lives here: `EvalSettings` (k, temperature, top-p, max tokens, stop, how a completion's answer is read),
+`heldout_tasks` (`data.eval`'s files, or the eval split: disjoint from training by construction),
+`pass_at_k` (the unbiased estimator) and `score` / `summarize` (overall and per data source). Prompts are
+rendered by `taskdata.render` exactly as the actors' are.
 Must not import: `learner`, `actors`, `transport` or `cli`; torch, transformers and vLLM only inside the
 sampler modules.
 """
@@ -34,19 +36,29 @@ class EvalSettings:
     """New tokens per sample (the actors' `actor.max_tokens`)."""
     stop: tuple[str, ...] = ()
     """Stop strings (the actors' `actor.stop`)."""
+    reasoning_end: str = ""
+    """`data.reasoning_end`: only the text after it is scored."""
+    unclosed_reasoning: str = "wrong"
+    """`data.unclosed_reasoning`."""
 
 
 def settings(cfg: BrorlConfig, k: int | None = None) -> EvalSettings:
-    """The job's evaluation settings: k = `run.eval_samples` unless given; length and stops as the actors'."""
-    return EvalSettings(k=k or cfg.run.eval_samples, max_tokens=cfg.actor.max_tokens, stop=tuple(cfg.actor.stop))
+    """The job's evaluation settings: k = `run.eval_samples` unless given; length, stops and the reading of
+    an answer as the actors'."""
+    return EvalSettings(k=k or cfg.run.eval_samples, max_tokens=cfg.actor.max_tokens, stop=tuple(cfg.actor.stop),
+                        reasoning_end=cfg.data.reasoning_end, unclosed_reasoning=cfg.data.unclosed_reasoning)
 
 
 def heldout_tasks(cfg: BrorlConfig, n: int | None = None, seed: int | None = None) -> list[Task]:
-    """The first `n` (default `run.eval_prompts`) tasks of the eval split for `seed` (default `run.seed`)."""
-    from verifiers.datasets import task_source
+    """`data.eval`'s tasks; else the first `n` (default `run.eval_prompts`) held-out tasks (`taskdata`)."""
+    from taskdata import heldout_tasks as held
 
-    src = task_source(cfg.verifiers.task, cfg.run.seed if seed is None else seed, "eval", cfg.verifiers.difficulty)
-    return [next(src) for _ in range(n or cfg.run.eval_prompts)]
+    return held(cfg, n, seed)
+
+
+def render(renderer, tasks: list[Task]) -> list[list[int]]:
+    """Every task's prompt token ids, rendered as the actors' are (`taskdata.render`)."""
+    return [renderer.render(t).ids for t in tasks]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -58,25 +70,36 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def score(tasks: list[Task], completions: list[list[str]]) -> list[int]:
-    """Correct completions per task, scored by each task's verifier through the registry."""
+def score(tasks: list[Task], completions: list[list[str]], s: EvalSettings = EvalSettings()) -> list[int]:
+    """Correct completions per task, scored by each task's verifier through the registry, on the answer part
+    of each completion (`taskdata.answer_region`, as the actors score)."""
+    from taskdata import answer_region
     from verifiers.registry import Registry
 
     if len(tasks) != len(completions):
         raise ValueError(f"{len(tasks)} tasks but completions for {len(completions)}")
     reg = Registry()
-    return [sum(reg.score(t.verifier, c, t.reference)[0].correct for c in comps) for t, comps in zip(tasks, completions)]
+
+    def ok(t: Task, c: str) -> bool:
+        a = answer_region(c, s.reasoning_end, s.unclosed_reasoning)
+        return a is not None and reg.score(t.verifier, a, t.reference)[0].correct
+
+    return [sum(ok(t, c) for c in comps) for t, comps in zip(tasks, completions)]
+
+
+def _rates(per_prompt: list[dict], k: int) -> dict:
+    n = len(per_prompt)
+    return {"prompts": n, "pass_at_1": sum(pass_at_k(p["k"], p["correct"], 1) for p in per_prompt) / n,
+            f"pass_at_{k}": sum(pass_at_k(p["k"], p["correct"], min(k, p["k"])) for p in per_prompt) / n}
 
 
 def summarize(tasks: list[Task], completions: list[list[str]], s: EvalSettings) -> dict:
-    """pass@1 (mean over the k samples, then over prompts) and pass@k, with the per-prompt counts."""
-    correct = score(tasks, completions)
-    per_prompt = [{"task_id": t.task_id, "correct": c, "k": len(comps)}
+    """pass@1 (mean over the k samples, then over prompts) and pass@k, overall and per data source (the
+    paper's tables: one benchmark a row), with the per-prompt counts."""
+    correct = score(tasks, completions, s)
+    per_prompt = [{"task_id": t.task_id, "source": t.source or t.verifier, "correct": c, "k": len(comps)}
                   for t, c, comps in zip(tasks, correct, completions)]
-    n = len(per_prompt)
-    return {
-        "prompts": n, "k": s.k, "temperature": s.temperature, "top_p": s.top_p,
-        "pass_at_1": sum(pass_at_k(p["k"], p["correct"], 1) for p in per_prompt) / n,
-        f"pass_at_{s.k}": sum(pass_at_k(p["k"], p["correct"], min(s.k, p["k"])) for p in per_prompt) / n,
-        "per_prompt": per_prompt,
-    }
+    sources = sorted({p["source"] for p in per_prompt})
+    return {"k": s.k, "temperature": s.temperature, "top_p": s.top_p, **_rates(per_prompt, s.k),
+            "by_source": {src: _rates([p for p in per_prompt if p["source"] == src], s.k) for src in sources},
+            "per_prompt": per_prompt}

@@ -3,19 +3,19 @@ actor's (`actors.engine.engine_kwargs`), this module only samples and scores."""
 
 from __future__ import annotations
 
-from evaluation import EvalSettings, summarize
+from evaluation import EvalSettings, render, summarize
 from verifiers.base import Task
 
 
-def sample(llm, prompts: list[str], s: EvalSettings) -> list[list[str]]:
-    """k completions per prompt from an offline `vllm.LLM`."""
+def sample(llm, prompts: list[list[int]], s: EvalSettings) -> list[list[str]]:
+    """k completions per prompt (token ids) from an offline `vllm.LLM`."""
     from vllm import SamplingParams
 
     sp = SamplingParams(n=s.k, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
                         stop=list(s.stop) or None)
-    outs = llm.generate(prompts, sp, use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     return [[c.text for c in o.outputs] for o in outs]
 
 
-def evaluate(llm, tasks: list[Task], s: EvalSettings) -> dict:
-    return summarize(tasks, sample(llm, [t.prompt for t in tasks], s), s)
+def evaluate(llm, tasks: list[Task], s: EvalSettings, renderer) -> dict:
+    return summarize(tasks, sample(llm, render(renderer, tasks), s), s)

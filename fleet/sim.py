@@ -128,7 +128,7 @@ class _Tasks:
     """The dispatcher's task stream: prompts are ids only here."""
 
     def __getitem__(self, i: int):
-        return SimpleNamespace(prompt="", reference="", verifier="sim", task_id=str(i))
+        return SimpleNamespace(prompt="", reference="", verifier="sim", task_id=str(i), source=""), []
 
 
 @dataclass

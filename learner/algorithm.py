@@ -1,4 +1,4 @@
-"""The BroRL update as pure functions (paper section 3; `shared/design.md`, "The algorithm, precisely").
+"""The BroRL update as pure functions (paper section 3; docs/architecture.md, "The algorithm").
 
 Names follow the paper: `eps_low`, `eps_high` (clip-higher), `tis_cap` (C of truncated importance
 sampling), `pass_rate` (dynamic-sampling pass rate). Shapes: G groups, N completions per group,
@@ -6,6 +6,7 @@ S = samples in a mini-batch, T = padded response length.
 
     keep = dynamic_sampling_mask(correct)                 # bool[G]
     adv  = reinforce_pp_advantages(rewards, keep)         # float[G, N]
+    pen  = overlong_penalty(lengths, max_tokens, buffer)   # float[G, N], added to rewards (DAPO)
     loss, metrics = policy_loss(logp, old_logp, behav_logp, adv_of_samples, mask, ...)
     lr   = scaled_lr(base_lr, base_batch, batch)
 """
@@ -65,6 +66,18 @@ def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor) -> torch.
     a = rewards[keep] - rewards[keep].mean(dim=1, keepdim=True)
     out[keep] = (a - a.mean()) / (a.std(correction=0) + ADV_EPS)
     return out
+
+
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to max_tokens − buffer tokens, then falling linearly to
+    −penalty at max_tokens (a completion cannot be longer: the engine stops it there).
+
+    lengths: int[G, N] completion lengths  ->  float[G, N] added to the rewards
+    """
+    if not 0 < buffer < max_tokens:
+        raise ValueError(f"buffer must be in (0, max_tokens = {max_tokens}), got {buffer}")
+    over = (lengths.to(torch.float32) - (max_tokens - buffer)).clamp(min=0.0, max=float(buffer))
+    return -penalty * over / buffer
 
 
 def scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:

@@ -40,23 +40,43 @@ log = logging.getLogger("brorl.learner")
 
 
 class TaskStream:
-    """Random access into the deterministic train-task stream (extended lazily). Only tasks at or after
-    `forget_before`'s id are kept, so a long job holds the prompts still in play, not all it has seen."""
+    """Random access into the deterministic train-task stream (extended lazily), each task rendered for the
+    model (`taskdata.render`: chat template, token ids) with `renderer`. A task that cannot be rendered (too
+    long for `actor.max_model_len`, chat messages without a template) is skipped, logged and counted. Only
+    tasks at or after `forget_before`'s id are kept, so a long job holds the prompts still in play."""
 
-    def __init__(self, cfg: BrorlConfig, split: str = "train"):
-        from verifiers.datasets import task_source
+    def __init__(self, cfg: BrorlConfig, renderer=None):
+        from taskdata import train_tasks
 
-        self._it: Iterator = task_source(cfg.verifiers.task, cfg.run.seed, split, cfg.verifiers.difficulty)
-        self._cache: dict[int, object] = {}
+        self._it: Iterator = train_tasks(cfg)
+        self.renderer = renderer
+        self._cache: dict[int, tuple[object, list[int]]] = {}
         self._next = 0  # id of the next task the iterator yields
+        self.unrenderable = 0  # tasks skipped since the last take_stats
 
     def __getitem__(self, i: int):
+        """(task, prompt token ids): ids are empty without a renderer (the engine tokenizes the text)."""
         while self._next <= i:
-            self._cache[self._next] = next(self._it)
+            self._cache[self._next] = self._render_next()
             self._next += 1
         if i not in self._cache:
             raise KeyError(f"task {i} was forgotten (no longer in play)")
         return self._cache[i]
+
+    def _render_next(self) -> tuple[object, list[int]]:
+        from taskdata import RenderError
+
+        for _ in range(1000):
+            t = next(self._it)
+            if self.renderer is None:
+                return t, []
+            try:
+                return t, self.renderer.render(t).ids
+            except RenderError as e:
+                self.unrenderable += 1
+                log.warning("task left out: %s", e)
+        raise RuntimeError("1000 tasks in a row could not be rendered (see the log): check data.* and "
+                           "actor.max_model_len with `brorl data preview`")
 
     def forget_before(self, i: int) -> None:
         for k in [k for k in self._cache if k < i]:
@@ -68,7 +88,7 @@ class TaskStream:
 
 class Dispatcher:
     def __init__(self, cfg: BrorlConfig, tasks: TaskStream | None = None):
-        self.tasks = tasks or TaskStream(cfg)
+        self.tasks = tasks if tasks is not None else TaskStream(cfg)  # (an empty stream is falsy: it has a len)
         self.next_id = 0
         self.requeue: collections.deque[int] = collections.deque()
         self.outstanding: dict[int, str] = {}  # granted, not yet answered: prompt id -> the actor holding it
@@ -105,8 +125,8 @@ class Dispatcher:
         items = []
         for _ in range(n):
             pid = self.requeue.popleft() if self.requeue else self._fresh()
-            t = self.tasks[pid]
-            items.append(wire.PromptItem(pid, t.prompt, t.reference, t.verifier, t.task_id))
+            t, ids = self.tasks[pid]
+            items.append(wire.PromptItem(pid, t.prompt, t.reference, t.verifier, t.task_id, ids, t.source))
             self.outstanding[pid] = actor_id
             self.pending.add(pid)
         return items

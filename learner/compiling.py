@@ -47,10 +47,16 @@ def compile_layers(model: torch.nn.Module) -> None:
         layer.compile(dynamic=True)
 
 
-WARM_UP_LENGTHS = ([29, 17, 23], [29, 29, 29], [29])
-"""Completion lengths of the warm-up's micro-batches (a 5-token prompt each): padded rows, rows without
-padding (transformers then drops the mask) and a single row (torch specialises a size of 1). No size
-equals another (torch assumes that sizes seen equal stay equal)."""
+PAD_MULTIPLE = 8
+"""The compiled learner pads every micro-batch to a length that is a multiple of this (`logprobs.pack`):
+inductor specialises kernels on a length's alignment, and on an H200 a batch whose length happened to be a
+multiple of 8 after a warm-up of other lengths recompiled every layer mid-run (a 15 s stall at step 2)."""
+
+WARM_UP_LENGTHS = ([29, 17, 23], [35, 35, 35], [29], [35])
+"""Completion lengths of the warm-up's micro-batches (a 5-token prompt each, padded to 40): padded rows, rows
+without padding (transformers then drops the mask), and a single row (torch specialises a size of 1) with
+and without padding. No size equals another within a batch (torch assumes that sizes seen equal stay
+equal)."""
 
 
 def warm_up(trainer: "Trainer") -> float:
@@ -62,7 +68,8 @@ def warm_up(trainer: "Trainer") -> float:
     emb = trainer.model.get_input_embeddings()
     ids = lambda n, k: [(7 * i + k) % emb.num_embeddings for i in range(n)]  # noqa: E731
     for lengths in WARM_UP_LENGTHS:
-        packed = pack([ids(5, 1)] * len(lengths), [ids(n, 3) for n in lengths], trainer.pad_id, trainer.cfg.device)
+        packed = pack([ids(5, 1)] * len(lengths), [ids(n, 3) for n in lengths], trainer.pad_id, trainer.cfg.device,
+                      multiple=PAD_MULTIPLE)
         trainer._logp(trainer.model, packed, grad=False)
         if trainer.state.ref_model is not None:
             trainer._logp(trainer.state.ref_model, packed, grad=False)

@@ -2,7 +2,7 @@
 of every prompt — what was granted to whom, trained, dropped, returned, and left pending.
 
 Rows: {"start": step, "epoch", "next_id", "pending"} when a learner process starts (a resume starts again at its checkpoint's
-step); {"granted": [...], "actor", "incarnation"}; {"returned": [...], "actor", "reason"} when prompts go back
+step); {"granted": [...], "actor", "incarnation", "sources": [...]} (each prompt's data source); {"returned": [...], "actor", "reason"} when prompts go back
 to the queue to be granted again (reason: restarted, evicted, handed_back — the actor aborted or failed
 them —, invalid, unleased, stale);
 {"step": s, "trained": [...], "dropped": [...]}; {"end": step, "pending": [...]} when a learner finishes.

@@ -64,9 +64,11 @@ class PackedCompletions:
 
 def pack(
     prompts: list[list[int]], completions: list[list[int]], pad_id: int = 0, device: str | torch.device = "cpu",
-    share_prompt: bool = False,
+    share_prompt: bool = False, multiple: int = 1,
 ) -> PackedCompletions:
-    """The samples as one batch; `share_prompt`: all of them have one prompt, computed once."""
+    """The samples as one batch; `share_prompt`: all of them have one prompt, computed once. `multiple`: the
+    padded length is a multiple of it (the compiled learner: one alignment class of kernels, so a batch whose
+    length happens to be a multiple of 8 does not recompile the layers mid-run)."""
     if len(prompts) != len(completions):
         raise ValueError(f"prompts ({len(prompts)}) and completions ({len(completions)}) differ in length")
     if not prompts:
@@ -78,6 +80,7 @@ def pack(
     if share_prompt:
         return _pack_shared(prompts, completions, pad_id, torch.device(device))
     L = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    L = -(-L // multiple) * multiple
     tgt, msk = _targets(completions)
     ids = torch.full((S, L), pad_id, dtype=torch.long)
     att = torch.zeros((S, L), dtype=torch.long)

@@ -1,17 +1,18 @@
-"""Per-step metrics: JSONL (always), TensorBoard (always, offline), W&B when configured (offline by
-default). Every value must be a finite number; non-finite values are written as null and counted."""
+"""Per-step metrics: JSONL (always), TensorBoard (always, offline), W&B when `run.wandb_project` is set
+(`run.wandb_mode`: offline by default, its files under the run folder's `wandb/`). Every value must be a
+finite number; non-finite values are written as null and counted."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, wandb_project: str | None = None):
+    def __init__(self, run_dir: str | Path, wandb_project: str | None = None, wandb_mode: str = "offline"):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -25,10 +26,15 @@ class MetricsWriter:
             self.tb = None
         self.wandb = None
         if wandb_project:
-            import wandb
-
-            os.environ.setdefault("WANDB_MODE", "offline")
-            self.wandb = wandb.init(project=wandb_project, dir=str(self.dir))
+            try:
+                import wandb
+            except ImportError:
+                raise RuntimeError(f"run.wandb_project = {wandb_project!r} but wandb is not installed "
+                                   f"(pip install wandb)") from None
+            # a resumed job appends to the same W&B run: its id is the run folder's
+            run_id = "brorl-" + hashlib.sha256(str(self.dir.resolve()).encode()).hexdigest()[:12]
+            self.wandb = wandb.init(project=wandb_project, dir=str(self.dir), mode=wandb_mode, id=run_id,
+                                    resume="allow", name=self.dir.name)
 
     def write(self, step: int, metrics: dict) -> dict:
         row = {"step": step, "time": time.time()}
@@ -46,13 +52,15 @@ class MetricsWriter:
                 if k not in ("step", "time") and v is not None:
                     self.tb.add_scalar(k, v, step)
         if self.wandb is not None:
-            self.wandb.log(row, step=step)
+            self.wandb.log({k: v for k, v in row.items() if v is not None}, step=step)
         return row
 
     def close(self) -> None:
         self._f.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def open_append(path: str | Path):

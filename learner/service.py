@@ -21,14 +21,16 @@ from pathlib import Path
 
 from config.schema import BrorlConfig
 from learner.admin import AdminDesk
-from learner.batching import Admission, Batch, Batcher, Dispatcher, Membership
+from learner.batching import Admission, Batch, Batcher, Dispatcher, Membership, TaskStream
 from learner.diagnose import why_no_batch
+from learner.heldout import HeldoutEstimate
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
 from learner.metrics import ACTOR_COUNTERS, MetricsWriter, open_append
 from learner.ranks import Ranks, build_trainer, follow, join_ranks
 from learner.report import StepReport
 from learner.train_step import TrainGroup
 from learner.validation import GroupValidator, identity_problem
+from taskdata import PromptRenderer
 from transport import wire
 from transport.weights import WeightBroadcaster, WeightSyncError, free_port
 from transport.zmq_transport import Endpoints, LearnerSockets, Peer, Security
@@ -63,7 +65,9 @@ class LearnerService:
         self.trainer, self.tokenizer = build_trainer(cfg, saved.model_dir if saved else cfg.model.path, self.ranks)
         model = self.trainer.model
         self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
-        self.dispatcher, self.admission = Dispatcher(cfg), Admission(cfg.learner.max_staleness)
+        self.renderer = PromptRenderer(self.tokenizer, cfg.data, max_prompt_tokens=cfg.actor.max_model_len - 1)
+        self.dispatcher = Dispatcher(cfg, TaskStream(cfg, self.renderer))  # prompts rendered: chat template, ids
+        self.admission = Admission(cfg.learner.max_staleness)
         self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                lambda pids: self.take_back(pids, None, "stale", holder=False))
         t = cfg.transport
@@ -84,13 +88,11 @@ class LearnerService:
                                              bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
                                              backend=t.weight_backend, host=t.host,
                                              bucket_tensors=lambda a, b: self.ranks.entries(self.trainer, a, b))
-        self.metrics = MetricsWriter(cfg.run.run_dir)
+        self.metrics = MetricsWriter(cfg.run.run_dir, cfg.run.wandb_project or None, cfg.run.wandb_mode)
         # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
         self.ledger = open_append(Path(cfg.run.run_dir) / "ledger.jsonl")
         self.stop = asyncio.Event()
-        self._eval_tasks = None
-        self._t_first: float | None = None  # first group's arrival: the origin of heldout wall_s
-        self._eval_s = 0.0
+        self.heldout = HeldoutEstimate(cfg, self.renderer)
         self.generated_total = 0  # samples generated since this process started (resume: counts afresh)
         self._bad_steps = 0  # consecutive steps skipped for non-finite values
         self._no_progress = 0  # "no step for a while" warnings since the last step
@@ -253,40 +255,11 @@ class LearnerService:
         set_rng_state(meta["rng"])
 
     async def evaluate_if_due(self, report: StepReport | None = None) -> None:
-        """Held-out pass@1 of the current policy (run.eval_interval: before the first step, every that many
-        steps and at the last), appended to heldout.jsonl and the step's report."""
-        every, steps = self.cfg.run.eval_interval, self.cfg.learner.steps
-        if every and (self.version % every == 0 or self.version == steps):
-            p = await self.heldout()
+        """The learner's held-out estimate, when `run.eval_interval` makes it due (`learner.heldout`)."""
+        if self.heldout.due(self.version):
+            m = await self.heldout.run(self.trainer.model, self.tokenizer, self.version, self.generated_total)
             if report is not None:
-                report.update({"heldout_pass_at_1": p})
-
-    async def heldout(self) -> float:
-        import torch
-
-        from evaluation import heldout_tasks, settings
-        from evaluation.hf import evaluate
-
-        r = self.cfg.run
-        if self._eval_tasks is None:
-            self._eval_tasks = heldout_tasks(self.cfg)
-
-        def run() -> dict:
-            with torch.random.fork_rng():  # sampling here must not shift the training RNG stream
-                torch.manual_seed(r.seed + self.version)
-                return evaluate(self.trainer.model, self.tokenizer, self._eval_tasks, settings(self.cfg))
-
-        t0 = time.monotonic()
-        res = await asyncio.to_thread(run)
-        p, wall = res["pass_at_1"], 0.0 if self._t_first is None else t0 - self._t_first - self._eval_s
-        row = {"step": self.version, "version": self.version, "generated": self.generated_total, "wall_s": wall,
-               "eval_s": time.monotonic() - t0, "pass_at_1": p, "correct": [q["correct"] for q in res["per_prompt"]]}
-        if self._t_first is not None:
-            self._eval_s += row["eval_s"]  # wall_s counts training time only
-        with open_append(Path(self.cfg.run.run_dir) / "heldout.jsonl") as f:
-            f.write(json.dumps(row) + "\n")
-        log.info("held-out pass@1 at step %d: %.3f", row["step"], p)
-        return p
+                report.update(m)
 
     # ------------------------------------------------------------------ background tasks
     async def _work_task(self) -> None:
@@ -337,7 +310,7 @@ class LearnerService:
             items = self.dispatcher.grant(actor, msg.credits, self.batcher.room(), step=self.version,
                                           actor_version=msg.version, settled=len(self.batcher.consumed_ids))
             if items:
-                self._record({"granted": [i.prompt_id for i in items], "actor": actor,
+                self._record({"granted": [i.prompt_id for i in items], "actor": actor, "sources": [i.source for i in items],
                               "incarnation": self.members.incarnations.get(actor, "")})
             await self.sockets.work.send(ident, wire.WorkAssignment(items))
         else:
@@ -387,15 +360,19 @@ class LearnerService:
                 await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([], {g.group_id: why}))
 
     async def send_nacks(self) -> None:
-        """NACK groups that did not decode but named their sender and id (so it stops re-sending them)."""
-        for actor, gid, why in self.sockets.rollouts.take_nacks():
-            self.validator.count(actor[:64], gid[:200], why)
-            await self.sockets.work.send(actor.encode(), wire.GroupAck([], {gid: why}))
+        """NACK groups that did not decode but named their sender and id (so it stops re-sending them); the
+        prompt goes back to the queue if the sender, authenticated as itself, holds it."""
+        for n in self.sockets.rollouts.take_nacks():
+            self.validator.count(n.actor_id[:64], n.group_id[:200], n.why)
+            await self.sockets.work.send(n.actor_id.encode(), wire.GroupAck([], {n.group_id: n.why}))
+            if n.prompt_id is not None and not identity_problem(n.actor_id, n.peer, self.members.addresses.get(
+                    n.actor_id), self.cfg.transport.curve):
+                self.take_back([n.prompt_id], n.actor_id, "invalid")
 
     async def on_group(self, g: wire.RolloutGroup, peer: Peer) -> None:
         """Validate, acknowledge (or NACK), then use or drop a group by the lease and staleness rules."""
-        if self._t_first is None:
-            self._t_first = time.monotonic()
+        if self.heldout.t_first is None:
+            self.heldout.t_first = time.monotonic()
         dups = self.sockets.rollouts.take_duplicate_ids()
         problem = self.validate(g, peer)
         if problem:
@@ -423,11 +400,12 @@ class LearnerService:
         if not self.members.said_hello(g.actor_id):
             return ""  # of an earlier learner process: acknowledged and dropped, not judged
         try:
-            task_verifier = self.dispatcher.tasks[g.prompt_id].verifier if g.prompt_id in self.dispatcher.pending else None
+            task, ids = self.dispatcher.tasks[g.prompt_id] if g.prompt_id in self.dispatcher.pending else (None, None)
         except KeyError:
-            task_verifier = None
-        return self.validator.check(g, version=self.version, next_prompt=self.dispatcher.next_id,
-                                    task_verifier=task_verifier, reward_range=self.desk.reward_range(g.verifier))
+            task, ids = None, None
+        return self.validator.check(g, version=self.version, next_prompt=self.dispatcher.next_id, prompt_ids=ids,
+                                    task_verifier=getattr(task, "verifier", None),
+                                    reward_range=self.desk.reward_range(g.verifier))
 
     def retire_incarnation(self, actor: str, incarnation: str) -> None:
         """A new process took over `actor`: the old one's prompts go back to the queue and its duplicate

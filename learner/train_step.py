@@ -39,15 +39,18 @@ import torch
 from config.schema import LearnerConfig
 from learner.algorithm import (
     dynamic_sampling_mask,
+    overlong_penalty,
     pass_rate,
     policy_loss,
     reinforce_pp_advantages,
     scaled_lr,
 )
 from learner.backends import Backend, make_backend
-from learner.compiling import WarmUp, compile_layers, warm_up
+from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, warm_up
 from learner.logprobs import pack, token_logprobs
 from transport import wire
+
+LENGTH = wire.FINISH_REASONS.index("length")
 
 if TYPE_CHECKING:
     from learner.ranks import Ranks
@@ -69,6 +72,8 @@ class TrainGroup:
     """N correctness flags (dynamic sampling and accuracy use these)."""
     version: int = 0
     """Policy version that generated the group."""
+    truncated: list[bool] | None = None
+    """N flags: the completion was cut at `actor.max_tokens` (finish reason "length"); None: none was."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -84,7 +89,8 @@ class TrainGroup:
         """The trainer's view of a received group (token ids and behaviour log-probs split per completion)."""
         return cls(prompt_ids=g.prompt_ids.tolist(), completion_ids=[c.tolist() for c in g.completions()],
                    behav_logp=[c.tolist() for c in g.completion_logprobs()], rewards=g.rewards.tolist(),
-                   correct=[bool(c) for c in g.correct], version=g.policy_version)
+                   correct=[bool(c) for c in g.correct], version=g.policy_version,
+                   truncated=[bool(f == LENGTH) for f in g.finish])
 
 
 @dataclass
@@ -125,6 +131,7 @@ class Trainer:
         cfg: LearnerConfig,
         *,
         n_samples: int,
+        max_tokens: int = 0,
         temperature: float = 1.0,
         pad_id: int = 0,
         backend: Backend | None = None,
@@ -140,6 +147,7 @@ class Trainer:
         self.cfg = cfg
         self.compute_dtype = compute_dtype
         self.n_samples = n_samples
+        self.max_tokens = max_tokens
         self.temperature = temperature
         self.pad_id = pad_id
         if cfg.activation_checkpointing:
@@ -226,9 +234,17 @@ class Trainer:
             raise ValueError("groups differ in N; one step takes groups of one rollout size")
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         correct = torch.tensor([g.correct for g in groups], dtype=torch.bool)
+        lengths = torch.tensor([[len(c) for c in g.completion_ids] for g in groups])
+        cut = torch.tensor([g.truncated or [False] * n for g in groups], dtype=torch.bool)
+        if cfg.overlong_buffer:  # DAPO's soft overlong punishment, on the reward before the baseline
+            rewards = rewards + overlong_penalty(lengths, self.max_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
         keep = dynamic_sampling_mask(correct) if cfg.dynamic_sampling else torch.ones(len(groups), dtype=torch.bool)
         adv = reinforce_pp_advantages(rewards, keep)
         metrics: dict[str, float] = {
+            "truncated_frac": cut.float().mean().item(),  # of the batch's completions: cut at actor.max_tokens
+            "completion_len_mean": lengths.float().mean().item(), "completion_len_max": float(lengths.max().item()),
+            "prompt_len_mean": sum(len(g.prompt_ids) for g in groups) / len(groups),
+            "prompt_len_min": float(min(len(g.prompt_ids) for g in groups)),
             "reward_mean": rewards.mean().item(),
             "accuracy": correct.float().mean().item(),
             "groups": float(len(groups)),
@@ -240,17 +256,27 @@ class Trainer:
             metrics.update(nonfinite_skipped=float(cfg.num_minibatches), step_skipped=1.0, grad_norm=float("nan"))
             return metrics, [RankShare([], skip=True)] * world
         prompts, comps, behav, sample_adv, group_of = [], [], [], [], []
+        masked = 0
         for gi, g in enumerate(groups):
             if not keep[gi]:
                 continue
             for i in range(n):
+                if cfg.overlong_filter and cut[gi, i]:
+                    masked += 1  # overlong filtering: in its group's baseline, out of the loss
+                    continue
+                if not g.completion_ids[i]:
+                    continue  # an empty completion has no token to train (and none to count)
                 prompts.append(g.prompt_ids)
                 comps.append(g.completion_ids[i])
                 behav.append(g.behav_logp[i])
                 sample_adv.append(adv[gi, i].item())
                 group_of.append(gi)
-        if not prompts:
+        metrics["overlong_masked"] = float(masked)
+        if not keep.any():
             raise ValueError("no group survived dynamic sampling: the caller must backfill before a step")
+        if not prompts:  # every completion empty or masked: nothing to train, the step only moves the version
+            metrics.update(step_empty=1.0, samples=0.0)
+            return metrics, [RankShare([], skip=True)] * world
         S = len(prompts)
         metrics["samples"] = float(S)
         order = torch.randperm(S, generator=self._gen)
@@ -293,7 +319,8 @@ class Trainer:
         for passes in share.minibatches:
             micros = []
             for m in passes:
-                packed = pack(m.prompts, m.completions, self.pad_id, dev, share_prompt=cfg.share_prompt)
+                packed = pack(m.prompts, m.completions, self.pad_id, dev, share_prompt=cfg.share_prompt,
+                              multiple=PAD_MULTIPLE if cfg.compile else 1)
                 b = torch.zeros(packed.mask.shape, dtype=torch.float32)
                 for r, lp in enumerate(m.behav):
                     b[r, : len(lp)] = torch.tensor(lp, dtype=torch.float32)

@@ -10,6 +10,7 @@ NACKed to its actor — and the learner goes on.
     completion_too_long a completion longer than actor.max_tokens
     too_long            prompt + completion longer than actor.max_model_len
     token_id            a token id ≥ the model's vocabulary
+    prompt              prompt tokens other than the granted prompt's (as rendered: `taskdata.render`)
     reward_range        a reward outside the verifier's declared range (`REWARD_RANGE`, default [0, 1])
     version_from_future a policy version the learner has not published yet
 
@@ -30,7 +31,7 @@ from transport.zmq_transport import Peer
 
 log = logging.getLogger("brorl.learner")
 REASONS = ("identity", "prompt_not_granted", "verifier", "n_samples", "completion_too_long", "too_long",
-           "token_id", "reward_range", "version_from_future", "internal_error")
+           "token_id", "prompt", "reward_range", "version_from_future", "internal_error")
 
 
 def actor_of(group_id: str) -> str:
@@ -59,9 +60,10 @@ class GroupValidator:
         self._logged: dict[str, float] = {}
 
     def check(self, g: wire.RolloutGroup, *, version: int, next_prompt: int, task_verifier: str | None,
-              reward_range: tuple[float, float]) -> str:
-        """"" if the group may be used, else "<reason>: <details>". `task_verifier`: the verifier of the
-        prompt's task (None if the prompt is not in play any more)."""
+              reward_range: tuple[float, float], prompt_ids: list[int] | None = None) -> str:
+        """"" if the group may be used, else "<reason>: <details>". `task_verifier` and `prompt_ids`: the
+        verifier and rendered token ids of the prompt's task (None if the prompt is not in play any more;
+        ids empty where the engine tokenized the text itself)."""
         if actor_of(g.group_id) != g.actor_id:
             return f"identity: group id {g.group_id!r} is not actor {g.actor_id!r}'s"
         if not 0 <= g.prompt_id < next_prompt:
@@ -79,6 +81,9 @@ class GroupValidator:
         top = max(int(g.prompt_ids.max()), int(g.tokens.max()) if len(g.tokens) else 0)
         if top >= self.vocab:
             return f"token_id: token id {top} >= vocabulary size {self.vocab}"
+        if prompt_ids and (len(g.prompt_ids) != len(prompt_ids) or g.prompt_ids.tolist() != prompt_ids):
+            return (f"prompt: the group's prompt ({len(g.prompt_ids)} tokens) is not the granted prompt "
+                    f"({len(prompt_ids)} tokens)")
         lo, hi = reward_range
         if not bool(np.all((g.rewards >= lo) & (g.rewards <= hi))):
             bad = float(g.rewards[(g.rewards < lo) | (g.rewards > hi)][0])

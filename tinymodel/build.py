@@ -54,8 +54,20 @@ BUILDER = 2
 tokenizer, the architecture, the initialisation), so that `ensure_model` rebuilds folders of older builds."""
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write tokenizer + randomly initialised Qwen2 model to `out_dir`; returns the folder."""
+# Qwen2-style chat template of a reasoning model (DeepSeek-R1-distilled Qwen): the assistant turn opens a
+# <think> block, which the model closes before its answer.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}")
+CHAT_SPECIAL = ["<|im_start|>", "<|im_end|>"]
+THINK = ["<think>", "</think>"]  # plain added tokens (not special): they survive decoding, as in Qwen's
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = TinyModelSpec(),
+                     chat: bool = False) -> Path:
+    """Write tokenizer + randomly initialised Qwen2 model to `out_dir`; returns the folder. `chat`: the
+    tokenizer also carries a Qwen2-style chat template with a reasoning block (`CHAT_TEMPLATE`), its turn
+    tokens and `<think>`/`</think>`, and `<|im_end|>` ends a completion (a user's reasoning model, in small)."""
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -63,7 +75,13 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = T
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(seed, spec)
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
-    eos_id = hf_tok.convert_tokens_to_ids(EOS)
+    if chat:
+        from tokenizers import AddedToken
+
+        hf_tok.add_special_tokens({"additional_special_tokens": CHAT_SPECIAL, "eos_token": "<|im_end|>"})
+        hf_tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK])
+        hf_tok.chat_template = CHAT_TEMPLATE
+    eos_id = hf_tok.convert_tokens_to_ids(hf_tok.eos_token)
     cfg = Qwen2Config(
         vocab_size=hf_tok.vocab_size if len(hf_tok) <= spec.vocab_size else len(hf_tok),
         hidden_size=spec.hidden_size,
@@ -84,7 +102,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = T
     model.generation_config.pad_token_id = eos_id
     model.save_pretrained(out, safe_serialization=True)
     hf_tok.save_pretrained(out)
-    meta = {"builder": BUILDER, "seed": seed, "spec": asdict(spec),
+    meta = {"builder": BUILDER, "seed": seed, "spec": asdict(spec), "chat": chat,
             "parameters": sum(p.numel() for p in model.parameters())}
     (out / "brorl-tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out

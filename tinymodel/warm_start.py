@@ -45,7 +45,7 @@ def _warm_start(cfg: BrorlConfig, model_dir: str | Path, out_dir: str | Path | N
                 eval_every: int = 25, eval_prompts: int = 64, seed: int = 0, verbose: bool = True) -> SftResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verifiers.datasets import task_source
+    from taskdata import PromptRenderer, task_source
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -55,6 +55,7 @@ def _warm_start(cfg: BrorlConfig, model_dir: str | Path, out_dir: str | Path | N
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     train = task_source(cfg.verifiers.task, seed + 1000, "train", cfg.verifiers.difficulty)
     eval_tasks = heldout_tasks(cfg, eval_prompts, seed=seed + 2000)
+    renderer = PromptRenderer(tok, cfg.data)  # the tiny model has no chat template: plain text, as the actors see it
     quick = EvalSettings(k=4, max_tokens=8)  # a quick estimate: 4 samples per prompt, the paper's T and top-p
     history: list[tuple[int, float]] = []
     p = 0.0
@@ -62,7 +63,7 @@ def _warm_start(cfg: BrorlConfig, model_dir: str | Path, out_dir: str | Path | N
         tasks = [next(train) for _ in range(batch)]
         seqs, labels = [], []
         for t in tasks:
-            prompt = tok(t.prompt)["input_ids"]
+            prompt = renderer.render(t).ids
             answer = tok(t.reference)["input_ids"] + [tok.eos_token_id]
             seqs.append(prompt + answer)
             labels.append([-100] * len(prompt) + answer)
@@ -75,7 +76,7 @@ def _warm_start(cfg: BrorlConfig, model_dir: str | Path, out_dir: str | Path | N
         loss.backward()
         opt.step()
         if upd % eval_every == 0:
-            p = evaluate(model, tok, eval_tasks, quick)["pass_at_1"]
+            p = evaluate(model, tok, eval_tasks, quick, renderer)["pass_at_1"]
             history.append((upd, p))
             if verbose:
                 print(f"  sft update {upd}: loss {loss.item():.3f}, held-out pass@1 ≈ {100 * p:.1f}%", flush=True)

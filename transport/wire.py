@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-SCHEMA_VERSION = 5  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
-# Snapshot.hello_needed; 5: RolloutGroup.versions (per token). A message of another version is rejected, both versions named.
+SCHEMA_VERSION = 6  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
+# Snapshot.hello_needed; 5: RolloutGroup.versions (per token); 6: PromptItem.prompt_token_ids, source. A message of another version is rejected, both versions named.
 MAX_HEADER_BYTES = 1 << 20
 MAX_REASON_CHARS = 200  # a verifier's reason per completion, as sent (the header of N = 2048 stays < 1 MiB)
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
@@ -53,6 +53,11 @@ class PromptItem:
     """Verifier name."""
     task_id: str = ""
     """Dataset task id."""
+    prompt_token_ids: list[int] = field(default_factory=list)
+    """The rendered prompt's token ids (chat template applied, `taskdata.render`): what the engine generates
+    from, and what the learner checks the group's `prompt_ids` against. Empty: the engine tokenizes `prompt`."""
+    source: str = ""
+    """The task's data source (per-source metrics)."""
 
 
 @dataclass
@@ -324,7 +329,9 @@ def _decode_header_only(kind: str, header: dict) -> Any:
         for i, it in enumerate(body["items"]):
             _check(isinstance(it, dict), f"assignment: items[{i}] is not an object")
             t = _typed(it, {"prompt_id": (int,), "prompt": (str,), "reference": (str,), "verifier": (str,),
-                            "task_id": (str,)}, f"assignment.items[{i}]")
+                            "task_id": (str,), "prompt_token_ids": (list,), "source": (str,)}, f"assignment.items[{i}]")
+            _check(all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t["prompt_token_ids"]),
+                   f"assignment.items[{i}]: prompt_token_ids must be token ids (ints >= 0)")
             items.append(PromptItem(**t))
         return WorkAssignment(items)
     if kind == "ack":

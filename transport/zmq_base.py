@@ -84,6 +84,19 @@ class Peer:
         return cls(prop("Peer-Address"), prop("User-Id"))
 
 
+@dataclass(frozen=True)
+class Nack:
+    """An undecodable group whose header still named its sender, id and prompt: the learner refuses it (a
+    NACK, so the sender stops re-sending it) and takes its prompt back if that sender — as the connection
+    (`peer`) authenticates it — holds the prompt."""
+
+    actor_id: str
+    group_id: str
+    why: str
+    prompt_id: int | None
+    peer: Peer
+
+
 def _tune(sock: zmq.Socket, lim: Limits) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, lim.max_frame)

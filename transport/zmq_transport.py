@@ -43,7 +43,7 @@ import zmq
 import zmq.asyncio
 
 from transport import security, wire
-from transport.zmq_base import (HEADER_FRAME, ZMTP_HEARTBEAT, Endpoints, Limits, Peer, Security, _bind, _recv_frames,
+from transport.zmq_base import (HEADER_FRAME, ZMTP_HEARTBEAT, Endpoints, Limits, Nack, Peer, Security, _bind, _recv_frames,
                                 _Rejects, _tune)
 
 __all__ = ["Endpoints", "Limits", "Peer", "Security", "LearnerSockets", "ActorSockets", "MAX_SENDERS"]
@@ -190,9 +190,11 @@ class RolloutReceiver:
         except (orjson.JSONDecodeError, AttributeError):
             return
         if isinstance(h, dict) and isinstance(h.get("actor_id"), str) and isinstance(h.get("group_id"), str):
-            self.nacks = self.nacks[-255:] + [(h["actor_id"], h["group_id"], f"malformed: {why}"[:300])]
+            pid = h["prompt_id"] if type(h.get("prompt_id")) is int else None
+            self.nacks = self.nacks[-255:] + [Nack(h["actor_id"], h["group_id"], f"malformed: {why}"[:300], pid,
+                                                   Peer.of(head))]
 
-    def take_nacks(self) -> list[tuple[str, str, str]]:
+    def take_nacks(self) -> list[Nack]:
         nacks, self.nacks = self.nacks, []
         return nacks
 

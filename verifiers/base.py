@@ -30,3 +30,9 @@ class Task:
     """Registered verifier name that scores this task."""
     task_id: str
     """Stable identifier (unique within a dataset split)."""
+    source: str = ""
+    """The data source it came from (a file's `data_source` column, or the file): picks the verifier, labels
+    per-source metrics and evaluation rows. Generators leave it empty (their verifier's name stands for it)."""
+    messages: tuple[tuple[str, str], ...] = ()
+    """The prompt as chat messages ((role, content), ...) when the data gave it so; then `prompt` is the
+    last user message's text (for display and the held-out split) and the messages are what is rendered."""

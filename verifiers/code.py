@@ -1,8 +1,11 @@
 """Python programs scored against input/output tests in `verifiers.sandbox`.
 
-The reference is JSON: {"tests": [{"input": "...", "output": "..."}, ...]}. The program is the last
-```python fenced block of the completion (else the whole completion). Each test runs in a fresh sandbox;
-a test passes when the stripped standard output equals the stripped expected output.
+The reference is JSON: {"tests": [{"input": "...", "output": "..."}, ...]} (brorl's), or the layouts of
+APPS / TACO / verl's code data: {"inputs": [...], "outputs": [...]}, or a bare list of {"input", "output"}.
+The program is the last ```python fenced block of the completion (else the whole completion). Each test runs
+in a fresh sandbox; a test passes when the stripped standard output equals the stripped expected output.
+A reference is refused when the data is loaded (`check_reference`) if it has no test, or a test whose
+expected output is empty: a program that prints nothing would pass it.
 reward = fraction of tests passed; correct = all passed.
 """
 
@@ -31,10 +34,46 @@ def extract_program(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def score(completion: str, reference: str, sandbox: Sandbox | None = None) -> VerifierResult:
-    tests = json.loads(reference)["tests"]
-    if not tests:
+def tests_of(reference: str) -> list[dict]:
+    """The reference's tests as [{"input": str, "output": str}]; ValueError if it has none or is malformed."""
+    obj = json.loads(reference)
+    if isinstance(obj, dict) and "tests" in obj:
+        obj = obj["tests"]
+    if isinstance(obj, dict) and "inputs" in obj and "outputs" in obj:
+        if len(obj["inputs"]) != len(obj["outputs"]):
+            raise ValueError(f"{len(obj['inputs'])} inputs but {len(obj['outputs'])} outputs")
+        obj = [{"input": i, "output": o} for i, o in zip(obj["inputs"], obj["outputs"])]
+    if not isinstance(obj, list) or not all(isinstance(t, dict) and "input" in t and "output" in t for t in obj):
+        raise ValueError("expected {\"tests\": [{\"input\", \"output\"}, ...]} or {\"inputs\": [...], \"outputs\": [...]}")
+    if not obj:
         raise ValueError("reference has no tests")
+    return [{"input": _text(t["input"]), "output": _text(t["output"])} for t in obj]
+
+
+def _text(v) -> str:
+    return "\n".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def describe(reference: str) -> str:
+    tests = tests_of(reference)
+    return f"{len(tests)} stdin/stdout tests; the first: input {tests[0]['input'][:60]!r} -> {tests[0]['output'][:60]!r}"
+
+
+def check_reference(reference: str) -> str:
+    try:
+        tests = tests_of(reference)
+    except (ValueError, TypeError) as e:
+        return f"not a code reference: {e}"
+    silent = [i for i, t in enumerate(tests) if not t["output"].strip()]
+    if silent:
+        return f"test {silent[0]} expects no output: any program that prints nothing would pass it"
+    return ""
+
+
+def score(completion: str, reference: str, sandbox: Sandbox | None = None) -> VerifierResult:
+    if why := check_reference(reference):  # a bad reference is a dataset bug: an error, never a silent pass
+        raise ValueError(why)
+    tests = tests_of(reference)
     program = extract_program(completion)
     if not program.strip():
         return VerifierResult(0.0, False, "no program")
@@ -46,7 +85,7 @@ def score(completion: str, reference: str, sandbox: Sandbox | None = None) -> Ve
             reasons.append("timeout")
         elif r.returncode != 0:
             reasons.append(f"exit {r.returncode}")
-        elif r.stdout.strip() == str(t["output"]).strip():
+        elif r.stdout.strip() == t["output"].strip():
             passed += 1
         else:
             reasons.append("wrong output")

@@ -1,11 +1,13 @@
 """Math answers, checked with `math-verify`: the final answer is extracted (the last \\boxed{...}, else
 the last LaTeX or plain expression) and compared with the reference symbolically — fractions,
 decimals, radicals, LaTeX, intervals, unordered sets. Parsing and comparison each have a time limit
-(math-verify's own, signal-based: scoring runs in a worker's main thread).
+(math-verify's own, signal-based: scoring runs in a worker's main thread). A completion that boxes several
+different answers is hedging and scores wrong (`verifiers.answers.hedged`), whichever box is right.
 """
 
 from __future__ import annotations
 
+from verifiers.answers import hedged
 from verifiers.base import VerifierResult
 
 NAME = "math"
@@ -17,6 +19,7 @@ SELF_TEST = [
     ("so the answer is \\boxed{\\frac{1}{2}}", "0.5", True),
     ("$2\\sqrt{2}$", "\\sqrt{8}", True),
     ("\\boxed{3}", "4", False),
+    ("\\boxed{3} or \\boxed{4}", "4", False),
 ]
 
 
@@ -26,6 +29,8 @@ def score(completion: str, reference: str) -> VerifierResult:
     gold = parse(_dollars(reference), parsing_timeout=TIME_LIMIT_S)
     if not gold:
         raise ValueError(f"reference {reference!r} does not parse as a math answer")
+    if hedged(completion):
+        return VerifierResult(0.0, False, "several different boxed answers")
     pred = parse(completion, parsing_timeout=TIME_LIMIT_S)
     if not pred:
         return VerifierResult(0.0, False, "no answer")

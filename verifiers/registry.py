@@ -3,7 +3,9 @@
 A verifier module defines `NAME`, `VERSION`, `score(completion, reference) -> VerifierResult` and
 `SELF_TEST`, a list of (completion, reference, expected correct) that must hold before the verifier is
 accepted, and may declare `REWARD_RANGE` (lowest, highest reward it gives; default (0.0, 1.0): the learner
-rejects groups with rewards outside it). `module.path:attr` names a `Verifier` object instead. The same
+rejects groups with rewards outside it) and `check_reference(reference) -> str` ("" or why a dataset's
+reference is unusable: the row is refused when the data is loaded, `taskdata.sources`) and
+`describe(reference) -> str` (what it reads from a reference, for `brorl data preview`). `module.path:attr` names a `Verifier` object instead. The same
 `Registry.score` path serves training (actors) and `brorl eval`.
 
 Hot swap: `Registry.swap(name, path)` imports the new verifier, runs its self-test and only then
@@ -26,6 +28,8 @@ BUILTINS = {
     "math": "verifiers.math",
     "code": "verifiers.code",
     "reasoning_gym": "verifiers.reasoning_gym",
+    "science": "verifiers.science",
+    "ifeval": "verifiers.ifeval",
     "throughput": "verifiers.throughput",
 }
 
@@ -42,6 +46,11 @@ class Verifier:
     self_test: list[tuple[str, str, bool]] = field(default_factory=list)
     path: str = ""
     reward_range: tuple[float, float] = (0.0, 1.0)
+    check_reference: Callable[[str], str] | None = None
+    """The verifier's rule for a dataset's references ("" or why a reference is unusable), checked when the
+    data is loaded; None: every reference is accepted (a bad one shows as an error when scored)."""
+    describe: Callable[[str], str] | None = None
+    """What the verifier reads from a reference, in words (`brorl data preview`); None: the text itself."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,7 @@ def load(path: str) -> Verifier:
         if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
             raise VerifierLoadError(f"{path}: REWARD_RANGE {(lo, hi)} is not a finite (low, high) pair")
         return Verifier(mod.NAME, str(mod.VERSION), mod.score, list(getattr(mod, "SELF_TEST", [])), path,
-                        (float(lo), float(hi)))
+                        (float(lo), float(hi)), getattr(mod, "check_reference", None), getattr(mod, "describe", None))
     except VerifierLoadError:
         raise
     except Exception as e:  # ImportError, SyntaxError, AttributeError, anything the import ran

@@ -84,7 +84,7 @@ def test_a_code_job_where_the_sandbox_cannot_contain_refuses_to_start(tiny_model
                                          "id": f"c{i}"}) + "\n" for i in range(20)))
     port = free_ports(3)
     r = brorl("run", "--no-eval", "--model.path", tiny_model_dir, "--run.run_dir", str(tmp_path / "run"),
-              "--verifiers.task", f"jsonl:{tasks}", "--learner.steps", "2", "--transport.work_port", str(port),
+              "--data.train", str(tasks), "--learner.steps", "2", "--transport.work_port", str(port),
               "--transport.rollout_port", str(port + 1), "--transport.control_port", str(port + 2),
               env={**os.environ, "BRORL_BWRAP": "/nonexistent/bwrap"}, timeout=300)
     out = r.stdout + r.stderr

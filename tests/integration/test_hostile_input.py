@@ -47,6 +47,7 @@ def _set(g, name, i, value):
 SPOIL = {
     "n_samples": _drop_last,
     "token_id": lambda g: _set(g, "tokens", 0, 10**6),
+    "prompt": lambda g: _set(g, "prompt_ids", 0, (int(g.prompt_ids[0]) + 1) % 100),  # not the prompt granted
     "completion_too_long": lambda g: _longer_first(g, 40),
     "too_long": lambda g: dataclasses.replace(g, prompt_ids=np.ones(256, np.int32)),
     "reward_range": lambda g: _set(g, "rewards", 0, 3e38),
@@ -61,9 +62,11 @@ SPOIL = {
 async def test_each_bad_group_is_rejected_counted_and_nacked_and_training_goes_on(tiny_model_dir, tmp_path):
     kinds = list(SPOIL)
     spoiled: dict[str, str] = {}  # group id -> expected reason
+    prompts: dict[str, int] = {}  # reason -> the prompt the spoiled group answered
 
     def corrupt(g, k):
         if k < len(kinds):
+            prompts[kinds[k]] = g.prompt_id
             g = SPOIL[kinds[k]](g)
             spoiled[g.group_id] = kinds[k]
         return g
@@ -86,6 +89,9 @@ async def test_each_bad_group_is_rejected_counted_and_nacked_and_training_goes_o
     counted = {k: sum(r.get(f"rejected_{k}", 0) for r in rows) for k in kinds}
     assert counted == {k: 1 for k in kinds}, counted
     check(account(tmp_path), 4, B)  # nothing trained twice; every granted prompt accounted for
+    # every rejected group's prompt went back to the queue (one that failed decoding too), none stranded
+    back = {p for r in account(tmp_path).returned if r["reason"] == "invalid" for p in r["returned"]}
+    assert {p for k, p in prompts.items() if k != "prompt_not_granted"} <= back, (prompts, back)
 
 
 FLOOD = """

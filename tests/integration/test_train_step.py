@@ -61,6 +61,40 @@ def test_dynamic_sampling_in_step_and_empty_batch(tiny_model_dir):
         TrainGroup([1], [[1, 2]], [[0.0]], [1.0], [True])
 
 
+def test_long_completions_are_counted_filtered_and_penalised(tiny_model_dir):
+    """Truncated completions (finish reason "length") are counted per step; overlong filtering masks them out of
+    the loss (their group keeps them in its baseline); the soft overlong penalty lowers their reward; a step
+    with nothing left to train is skipped and counted, never a crash."""
+    import copy
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    groups, eos = fixed_groups(tiny_model_dir, groups=2, model=model)
+    longest = max(len(c) for g in groups for c in g.completion_ids)
+    groups[0].truncated = [i % 2 == 0 for i in range(8)]  # four completions of the first group were cut
+    cut, cut_tokens = 4, sum(len(c) for c, t in zip(groups[0].completion_ids, groups[0].truncated) if t)
+    base = LearnerConfig(prompts_per_step=2, num_minibatches=1, lr=1e-3)
+    plain = Trainer(copy.deepcopy(model), base, n_samples=8, max_tokens=longest, pad_id=eos).step(groups)
+    assert plain["truncated_frac"] == cut / 16 and plain["completion_len_max"] == longest
+    assert plain["samples"] == 16 and plain["overlong_masked"] == 0
+    filt = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_filter": True}), n_samples=8,
+                   max_tokens=longest, pad_id=eos).step(groups)
+    assert filt["overlong_masked"] == cut and filt["samples"] == 16 - cut
+    assert filt["train_tokens"] == plain["train_tokens"] - cut_tokens
+    pen = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_buffer": 2}), n_samples=8,
+                  max_tokens=longest, pad_id=eos).step(groups)
+    assert pen["reward_mean"] < plain["reward_mean"]  # the cut completions lost reward (up to 1 each)
+    # nothing left: every completion cut and filtered, or every completion empty
+    everything = [copy.copy(g) for g in groups]
+    for g in everything:
+        g.truncated = [True] * 8
+    tr = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_filter": True}), n_samples=8, pad_id=eos)
+    m = tr.step(everything)
+    assert m["step_empty"] == 1.0 and m["samples"] == 0 and tr.state.step == 1
+    empty = [TrainGroup(g.prompt_ids, [[] for _ in range(8)], [[] for _ in range(8)], g.rewards, g.correct)
+             for g in groups]
+    assert tr.step(empty)["step_empty"] == 1.0 and tr.state.step == 2
+
+
 def test_reference_reset_zeroes_kl(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     groups, eos = fixed_groups(tiny_model_dir, model=model)

@@ -61,10 +61,36 @@ async def test_good_swap_replaces_and_is_acknowledged():
 async def test_an_actor_whose_verifier_fails_its_self_test_refuses_to_start(tmp_path):
     bad = tmp_path / "tasks.jsonl"
     bad.write_text('{"prompt": "2+2=", "reference": "4", "verifier": "nonexistent"}\n')
+    with pytest.raises(ActorRefused, match="tasks.jsonl:1: reference: verifier 'nonexistent'"):
+        await _actor(**{"data.train": str(bad)}).checked.self_test()  # a row naming no verifier: refused at load
+    # data this host cannot read (an actor on another machine): its verifiers are self-tested at first use
+    actor = _actor(**{"data.train": str(tmp_path / "elsewhere.parquet")})
+    await actor.checked.self_test()
     with pytest.raises(ActorRefused, match="'nonexistent', which is not registered"):
-        await _actor(**{"verifiers.task": f"jsonl:{bad}"}).checked.self_test()
+        await actor.checked.ensure("nonexistent")
+    await actor.checked.ensure("math")
+    assert "math" in actor.verifiers.in_force()
     with pytest.raises(VerifierLoadError, match="self-test 0 failed"):
         await check("tests.support.verifier_mods.broken", 30)
+
+
+async def test_the_answer_after_the_reasoning_block_is_scored_in_the_scoring_pool():
+    from actors.scoring import ScoringPool
+    from config.data import DataConfig
+
+    pool = ScoringPool(1, 10.0)
+    try:
+        data = DataConfig(reasoning_end="</think>")
+        got = await pool.score_answers("verifiers.math", "1", ["<think>easy</think> \\boxed{4}",
+                                                               "<think>\\boxed{4} but I keep thinking",
+                                                               "<think>\\boxed{4}</think> no idea"], "4", data)
+        assert [s.result.correct for s in got] == [True, False, False]
+        assert got[1].result.reason == "reasoning not closed" and got[2].result.reason == "no answer"
+        whole = await pool.score_answers("verifiers.math", "1", ["<think>\\boxed{4} ..."], "4",
+                                         DataConfig(reasoning_end="</think>", unclosed_reasoning="score"))
+        assert whole[0].result.correct
+    finally:
+        pool.close()
 
 
 async def test_actor_admits_only_when_running_unpaused_and_sync_allows():

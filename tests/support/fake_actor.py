@@ -145,7 +145,8 @@ class FakeActor:
         return wire.RolloutGroup(
             group_id=self.sockets.rollouts.next_group_id(), prompt_id=item.prompt_id, actor_id=self.actor_id,
             policy_version=max(self.version - self.stale_by, 0), verifier=item.verifier, verifier_version="1",
-            prompt_ids=self.rng.integers(1, self.vocab, 4, dtype=np.int32), lengths=np.full(n, L, np.int32),
+            prompt_ids=np.asarray(item.prompt_token_ids, np.int32) if item.prompt_token_ids  # the learner's rendering
+            else self.rng.integers(1, self.vocab, 4, dtype=np.int32), lengths=np.full(n, L, np.int32),
             tokens=self.rng.integers(1, self.vocab, n * L, dtype=np.int32),
             logprobs=np.full(n * L, -2.0, np.float32), rewards=correct.astype(np.float32) * self.reward, correct=correct,
             finish=np.zeros(n, np.uint8))

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["cli", "fleet", "learner", "actors", "tinymodel", "evaluation", "transport", "verifiers", "theory", "config"]
+PACKAGES = ["cli", "fleet", "learner", "actors", "tinymodel", "evaluation", "taskdata", "transport", "verifiers", "theory",
+            "config"]
 
 
 def test_import_linter_contracts_are_kept():

@@ -11,7 +11,7 @@ class _Tasks:
     def __getitem__(self, i):
         from verifiers.base import Task
 
-        return Task(task_id=str(i), prompt=f"{i}+1=", reference=str(i + 1), verifier="synthetic")
+        return Task(task_id=str(i), prompt=f"{i}+1=", reference=str(i + 1), verifier="synthetic"), []
 
 
 def _dispatcher(B: int, K: int) -> Dispatcher:

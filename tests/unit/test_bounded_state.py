@@ -19,12 +19,12 @@ def test_task_cache_holds_only_prompts_in_play():
     assert d.next_id == 200 and len(d.tasks) <= 8
     items = d.grant("a", 4, 100, step=50, actor_version=50)
     d.give_back([items[0].prompt_id])
-    assert d.tasks[items[0].prompt_id].prompt == items[0].prompt  # a prompt in play is still there
+    assert d.tasks[items[0].prompt_id][0].prompt == items[0].prompt  # a prompt in play is still there
 
 
 def test_task_stream_forgets_and_says_so():
     ts = TaskStream(load_config("tiny-cpu"))
-    first = ts[0].prompt
+    first = ts[0][0].prompt
     ts[99]
     ts.forget_before(90)
     assert len(ts) == 10 and ts[95] is not None
@@ -33,7 +33,7 @@ def test_task_stream_forgets_and_says_so():
         raise AssertionError("a forgotten task came back")
     except KeyError as e:
         assert "forgotten" in str(e)
-    assert TaskStream(load_config("tiny-cpu"))[0].prompt == first  # deterministic: a resume rebuilds it
+    assert TaskStream(load_config("tiny-cpu"))[0][0].prompt == first  # deterministic: a resume rebuilds it
 
 
 def test_membership_tables_are_capped():

@@ -7,16 +7,29 @@ from config.loader import ConfigError, load_config, parse_overrides, preset_path
 from config.schema import BrorlConfig
 
 
+DATA = {"data.train": "train.parquet"}  # the 1.5B presets train on the user's files: they must name them
+
+
 def test_presets_exist_and_load():
     names = {p.stem for p in preset_paths()}
     assert {"tiny-cpu", "brorl-1.5b", "prorl-1.5b"} <= names
     for p in preset_paths():
-        cfg = load_config(p)
+        cfg = load_config(p, DATA if "1.5b" in p.stem else {})
         assert isinstance(cfg, BrorlConfig)
 
 
+@pytest.mark.parametrize("preset", ["brorl-1.5b", "prorl-1.5b"])
+def test_a_preset_of_the_users_data_refuses_without_it_in_one_line(preset):
+    with pytest.raises(ConfigError) as e:
+        load_config(preset)
+    reason = str(e.value).splitlines()[1:]
+    assert len(reason) == 1 and "data.train is empty" in reason[0] and "--data.train" in reason[0]
+    bad = subprocess.run([sys.executable, "-m", "cli", "run", "--config", preset], capture_output=True, text=True)
+    assert bad.returncode == 2 and "data.train is empty" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_paper_recipes():
-    bro, pro = load_config("brorl-1.5b"), load_config("prorl-1.5b")
+    bro, pro = load_config("brorl-1.5b", DATA), load_config("prorl-1.5b", DATA)
     assert (bro.actor.n_samples, bro.learner.prompts_per_step) == (512, 128)
     assert (pro.actor.n_samples, pro.learner.prompts_per_step) == (16, 512)
     # same number of PPO mini-batches whatever N is (paper 4.2)
@@ -82,7 +95,7 @@ def test_malformed_overrides(bad):
 
 
 def test_show_roundtrips():
-    cfg = load_config("brorl-1.5b", {"learner.eps_high": 0.5})
+    cfg = load_config("brorl-1.5b", {"learner.eps_high": 0.5, **DATA, "data.eval": ["a.jsonl", "b"]})
     import tomllib
 
     again = validate(tomllib.loads(to_toml(cfg)))
@@ -96,7 +109,7 @@ def test_missing_file_is_named():
 
 def test_cli_config_show_and_error():
     ok = subprocess.run([sys.executable, "-m", "cli", "config", "show", "--config", "prorl-1.5b",
-                         "--learner.tis_cap", "3.5"], capture_output=True, text=True)
+                         "--learner.tis_cap", "3.5", "--data.train", "x.parquet"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "tis_cap = 3.5" in ok.stdout and "n_samples = 16" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "cli", "config", "show", "--learner.eps_high", "0.01"],

@@ -8,7 +8,7 @@ import pytest
 from actors.engine import request_max_tokens
 from config.loader import ConfigError, load_config
 from verifiers import throughput
-from verifiers.datasets import DatasetError, task_source
+from taskdata.generators import DatasetError, task_source
 from verifiers.registry import Registry, load, run_self_test
 
 

@@ -6,7 +6,7 @@ import pytest
 from verifiers import math as math_v
 from verifiers import reasoning_gym as rg_v
 from verifiers import synthetic
-from verifiers.datasets import DatasetError, load_jsonl, split_of, task_source
+from taskdata.generators import DatasetError, split_of, task_source
 from verifiers.registry import Registry, VerifierLoadError, run_self_test
 
 # (completion, reference, equivalent?)
@@ -148,28 +148,11 @@ def test_hot_swap_accepts_good_rejects_bad(tmp_path, monkeypatch):
     assert "strict" in reg.names()
 
 
-def test_jsonl_loading_reports_bad_lines(tmp_path):
-    lines = [
-        json.dumps({"prompt": "1+1=", "reference": "2", "verifier": "synthetic", "split": "train"}),
-        "{not json",
-        json.dumps({"prompt": "", "reference": "2", "verifier": "synthetic"}),
-        json.dumps({"prompt": "x", "verifier": "math"}),
-        json.dumps(["a list"]),
-        json.dumps({"prompt": "q", "reference": {"tests": []}, "verifier": "code", "split": "train", "extra": 1}),
-        "",
-        json.dumps({"prompt": "2+2=", "reference": "4", "verifier": "synthetic", "split": "eval", "id": "t2"}),
-    ]
-    f = tmp_path / "tasks.jsonl"
-    f.write_text("\n".join(lines) + "\n")
-    rep = load_jsonl(f)
-    assert [t.prompt for t in rep.tasks] == ["1+1=", "2+2="]
-    assert [e.split(":")[1] for e in rep.errors] == ["2", "3", "4", "5", "6"]
-    assert "not valid JSON" in rep.errors[0] and "'prompt'" in rep.errors[1] and "reference" in rep.errors[2]
-    assert [t.task_id for t in load_jsonl(f, split="eval").tasks] == ["t2"]
-    with pytest.raises(DatasetError, match=r"tasks.jsonl:2"):
-        load_jsonl(f, on_error="fatal")
+def test_an_unknown_task_spec_is_refused_and_files_are_pointed_to_data_train():
     with pytest.raises(DatasetError, match="unknown task spec"):
         task_source("bogus", 0, "train")
+    with pytest.raises(DatasetError, match=r"data.train"):
+        task_source("jsonl:tasks.jsonl", 0, "train")
 
 
 def test_split_is_a_function_of_content():
@@ -177,3 +160,90 @@ def test_split_is_a_function_of_content():
     share = sum(split_of(t) == "eval" for t in texts) / len(texts)
     assert 0.05 < share < 0.15
     assert all(split_of(t) == split_of(t) for t in texts[:50])
+
+
+# ---- the paper's five task families: science and instruction following beside math, code, reasoning gym
+from verifiers import code as code_v  # noqa: E402
+from verifiers import ifeval as ifeval_v  # noqa: E402
+from verifiers import science as science_v  # noqa: E402
+
+SCIENCE_TABLE = [  # (completion, reference, correct)
+    ("Oxygen is produced, so the answer is (B).", "B", True),
+    ("Final answer: \\boxed{B}", "(B)", True),
+    ("Let me weigh the options.\nC", "C", True),
+    ("Answer: carbon dioxide", json.dumps({"answer": "B", "choices": ["oxygen", "carbon dioxide"]}), True),
+    ("The answer is (A).", "B", False),                                   # wrong
+    ("I am not sure.", "B", False),                                       # no answer
+    ("\\boxed{A} \\boxed{B}", "B", False),                               # hedging: several different boxes
+    ("The speed is \\boxed{3.0 \\times 10^{8}} m/s", "2.998e8", True),    # within 1 %
+    ("The speed is \\boxed{3.1e8}", "2.998e8", False),
+    ("Answer: Mitochondria.", "mitochondria", True),
+    ("Answer: the nucleus", "mitochondria", False),
+]
+
+
+@pytest.mark.parametrize("completion,reference,expected", SCIENCE_TABLE)
+def test_science_answers(completion, reference, expected):
+    assert science_v.score(completion, reference).correct is expected
+
+
+def test_science_references_are_checked_and_described():
+    assert science_v.check_reference("") == "empty answer"
+    assert "only 2 choices" in science_v.check_reference(json.dumps({"answer": "D", "choices": ["a", "b"]}))
+    assert "not a science reference" in science_v.check_reference("{broken")
+    assert science_v.describe("C") == "multiple choice, answer C"
+
+
+def test_an_answer_only_inside_the_reasoning_block_scores_wrong():
+    from taskdata import answer_region
+
+    region = answer_region("<think>it is \\boxed{B}</think> I give up.", "</think>", "wrong")
+    assert not science_v.score(region, "B").correct and not math_v.score(
+        answer_region("<think>\\boxed{4}</think>", "</think>", "wrong"), "4").correct
+
+
+def test_math_hedging_over_several_boxes_scores_wrong():
+    assert math_v.score("\\boxed{3} or \\boxed{4}", "4").reason == "several different boxed answers"
+    assert math_v.score("\\boxed{4}, again: \\boxed{4}", "4").correct  # the same answer twice is no hedge
+
+
+def test_ifeval_checks_come_from_lm_eval_and_a_half_met_instruction_set_is_not_correct():
+    both = json.dumps({"instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase"],
+                       "kwargs": [{}, {}]})
+    full, half = ifeval_v.score("all lower case here", both), ifeval_v.score("all lower case, with a comma", both)
+    assert full.correct and full.reward == 1.0
+    assert not half.correct and half.reward == 0.5 and half.reason == "missed punctuation:no_comma"
+    assert ifeval_v.score("   ", both).reason == "no answer"
+    words = json.dumps({"instruction_id_list": ["length_constraints:number_words"],
+                        "kwargs": [{"relation": "at least", "num_words": 5}]})
+    assert not ifeval_v.score("too short", words).correct
+    assert "unknown IFEval instruction" in ifeval_v.check_reference(json.dumps({"instruction_id_list": ["x:y"]}))
+    assert "kwargs rejected" in ifeval_v.check_reference(json.dumps({"instruction_id_list": [
+        "length_constraints:number_words"], "kwargs": [{"words": 3}]}))
+    assert "not an IFEval reference" in ifeval_v.check_reference("[1, 2]")
+    sentences = json.dumps({"instruction_id_list": ["length_constraints:number_sentences"],
+                            "kwargs": [{"relation": "less than", "num_sentences": 3}]})
+    # NLTK's punkt data missing: such rows are refused at load, naming the fix, never scored wrongly
+    assert (ifeval_v.check_reference(sentences) == "") is ifeval_v.has_punkt()
+    if not ifeval_v.has_punkt():
+        assert "nltk.downloader punkt_tab" in ifeval_v.check_reference(sentences)
+
+
+def test_code_references_in_the_layouts_users_bring_and_tests_any_silent_program_passes_are_refused():
+    apps = json.dumps({"inputs": ["2\n", "3\n"], "outputs": ["4\n", "6\n"]})
+    assert code_v.tests_of(apps) == [{"input": "2\n", "output": "4\n"}, {"input": "3\n", "output": "6\n"}]
+    assert code_v.check_reference(apps) == "" and code_v.describe(apps).startswith("2 stdin/stdout tests")
+    silent = json.dumps({"tests": [{"input": "1", "output": "  \n"}]})
+    assert "any program that prints nothing would pass" in code_v.check_reference(silent)
+    with pytest.raises(ValueError, match="prints nothing"):
+        code_v.score("```python\npass\n```", silent)
+    assert "2 inputs but 1 outputs" in code_v.check_reference(json.dumps({"inputs": ["1", "2"], "outputs": ["1"]}))
+
+
+def test_reasoning_gym_entries_as_reasoning_gym_exports_them():
+    import reasoning_gym
+
+    entry = reasoning_gym.create_dataset("basic_arithmetic", seed=5, size=2)[1]
+    assert rg_v.score(f"<answer>{entry['answer']}</answer>", json.dumps(entry)).correct
+    assert not rg_v.score("<answer>123456</answer>", json.dumps(entry)).correct
+    assert "not a reasoning-gym reference" in rg_v.check_reference(json.dumps({"answer": "1"}))
