@@ -1,32 +1,42 @@
 """Run an untrusted Python program contained, for the `code` verifier — or refuse to.
 
-Containment is bubblewrap (`bwrap`) in unprivileged user namespaces, the same for root and non-root:
+Containment is bubblewrap (`bwrap`, 0.8 or newer) in unprivileged user namespaces, the same for root and
+non-root:
+  - what it can see: only the interpreter's prefix, read-only, with `/usr/local` and the interpreter's own
+    site-packages hidden; a read-only minimal `/dev`; its own `/proc`; size-limited tmpfs `/tmp`, `/work`
+    and `/dev/shm` (`verifiers.sandbox_host.view_args`). No `/etc`, home folder, `/root`, `/var`, `/run`,
+    `/srv`, `/opt`, `/mnt`, project, run folder, dataset or key exists inside, so neither the task's test
+    cases nor a host Unix socket are on any path it can open. The test cases reach it only as its stdin,
+    one at a time; the expected output never leaves the scoring process;
   - its own PID namespace: when the run ends, its wall clock fires or the process that started it dies,
     the kernel kills every process in it — nothing the program forked outlives the run;
-  - its own network namespace: only a loopback of its own, no route to the host's or anyone's sockets;
-  - its own mount namespace: the host's file system read-only; /tmp and the working folder /work are
-    fresh size-limited tmpfs mounts that vanish with the run. The program arrives through a memfd and
-    its output leaves through unlinked temporary files, so a run writes nothing to the host's disk and
-    leaves no folder behind, even when the process that started it is SIGKILLed;
-  - its own IPC and UTS namespaces, no capabilities, a new session (no terminal injection);
-  - as root, it first drops to a fresh unprivileged uid with no supplementary groups, so it cannot read
-    root's files nor signal anything of the host;
-  - rlimits: CPU seconds, address space, largest file (stdout included), open files, processes; an empty
-    environment and an isolated interpreter (`python3 -I`); a wall-clock kill.
+  - its own network namespace: only a loopback of its own (no route to the host's TCP, UDP or abstract
+    Unix sockets);
+  - its own IPC and UTS namespaces, no capabilities, no further user namespaces (`--disable-userns`), a
+    new session (no terminal injection) and a fresh session keyring (the caller's keys stay behind);
+  - a seccomp filter that fails memfd_create, memfd_secret and SysV shmget (memory no tmpfs size bounds)
+    and every call of another ABI;
+  - memory and processes: a cgroup of its own with a memory limit (counting tmpfs and shared memory) and a
+    pids limit where the host delegates one (cgroup v2, or v1 as root on most container hosts), and always
+    rlimits: CPU seconds, address space, largest file (stdout included), open files, processes;
+  - as root, it first drops to a fresh unprivileged uid with no supplementary groups;
+  - an empty environment, an isolated interpreter (`python3 -I`) and a wall-clock kill. The program arrives
+    through a memfd and its output leaves through unlinked temporary files: a run writes nothing to the
+    host's disk and leaves nothing behind, even when the process that started it is SIGKILLed.
 
 Not contained:
-  - reading world-readable host files (system libraries, /etc, world-readable project folders) — and,
-    when the actor runs as a non-root user, that user's own files (read only);
-  - CPU and memory are bounded per process (rlimits), not as a cgroup total;
-  - no seccomp filter: every system call is available to an unprivileged uid in its namespaces;
-  - timing side channels, and the kernel's own attack surface.
+  - the interpreter's prefix (`/usr`: system libraries and the distribution's Python packages) is readable;
+  - without a delegated cgroup, memory is bounded per process (rlimits) and per tmpfs, not as one total;
+  - timing side channels, and the kernel's own attack surface (the seccomp filter is not an allow-list).
 
-Where bubblewrap cannot run — not installed, or user namespaces denied (Docker's default seccomp profile,
-`user.max_user_namespaces = 0`) — `Sandbox()` raises `SandboxUnavailable` naming why, so the `code`
-verifier fails its self-test and the actor refuses to start. Only an explicit operator choice,
-`verifiers.sandbox_unsafe = true` (the environment variable BRORL_SANDBOX_UNSAFE=1 in the scoring
-processes), runs programs uncontained: rlimits, empty environment, wall-clock kill of the process group,
-a temporary folder — nothing else. `Sandbox.isolation` says which mode is in force.
+Where bubblewrap cannot run — not installed, too old, user namespaces denied (Docker's default seccomp
+profile, `user.max_user_namespaces = 0`) — `Sandbox()` raises `SandboxUnavailable` naming why, so the `code`
+verifier fails its self-test and the actor refuses to start. Where only `/proc` cannot be mounted (a host
+whose `/proc` is partly masked, as in a Docker container run with `seccomp=unconfined`), runs go without a
+`/proc` and `Sandbox.isolation` says so. Only an explicit operator choice, `verifiers.sandbox_unsafe = true`
+(the environment variable BRORL_SANDBOX_UNSAFE=1 in the scoring processes), runs programs uncontained:
+rlimits, empty environment, wall-clock kill of the process group, a temporary folder — nothing else.
+`Sandbox.isolation` says which mode is in force.
 """
 
 from __future__ import annotations
@@ -44,11 +54,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from verifiers.sandbox_host import Cgroup, join_fresh_session_keyring, seccomp_filter, view_args
+
 log = logging.getLogger("brorl.sandbox")
 UNSAFE_ENV = "BRORL_SANDBOX_UNSAFE"
 BWRAP_ENV = "BRORL_BWRAP"  # path of the bwrap binary (default: found on PATH)
-CONTAINED = "bubblewrap: own pid/net/mount/ipc/uts namespaces, read-only host, tmpfs work folder, rlimits"
+CONTAINED = "bubblewrap: own pid/net/mount/ipc/uts/user namespaces, minimal read-only view, tmpfs work folder"
 UNSAFE = "UNSAFE (verifiers.sandbox_unsafe): rlimits and a wall-clock kill only"
+MASKED_PROC = "no /proc (the host's /proc is partly masked)"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -62,11 +75,11 @@ class Limits:
     wall_s: float = 10.0
     """Wall-clock seconds before every process of the run is killed."""
     mem_mb: int = 512
-    """Address space per process, MiB (RLIMIT_AS)."""
+    """Address space per process, MiB (RLIMIT_AS); also the run's cgroup memory limit, where it has one."""
     fsize_mb: int = 8
     """Largest file it may write, stdout included, MiB (RLIMIT_FSIZE); also each tmpfs's size."""
     nproc: int = 32
-    """Processes (threads count too) the run may hold at once (RLIMIT_NPROC)."""
+    """Processes (threads count too) the run may hold at once (RLIMIT_NPROC; the cgroup's pids.max)."""
     nofile: int = 64
     """Open file descriptors (RLIMIT_NOFILE)."""
 
@@ -79,6 +92,8 @@ class RunResult:
     stderr: str
     timed_out: bool
     seconds: float
+    oom_killed: bool = False
+    """The run's cgroup memory limit killed one of its processes."""
 
 
 def python_binary() -> str:
@@ -86,40 +101,65 @@ def python_binary() -> str:
     return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
-def bwrap_command(work_mb: int, program_fd: int, info_fd: int, python: str) -> list[str]:
+def bwrap_command(lim: Limits, program_fd: int, info_fd: int, seccomp_fd: int, python: str,
+                  proc: bool = True) -> list[str]:
     binary = os.environ.get(BWRAP_ENV) or shutil.which("bwrap") or "bwrap"
-    size = str(work_mb * 2**20)
-    return [binary, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--info-fd", str(info_fd),
-            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-            "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/work", "--chdir", "/work",
+    return [binary, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--info-fd", str(info_fd), "--seccomp", str(seccomp_fd),
+            *view_args(python, lim.fsize_mb * 2**20), *(["--proc", "/proc"] if proc else []), "--chdir", "/work",
             "--file", str(program_fd), "/work/main.py", "--clearenv", "--", python, "-I", "main.py"]
 
 
+@dataclass(frozen=True)
+class HostSupport:
+    problem: str | None
+    """Why programs cannot be contained here, or None."""
+    proc: bool = True
+    """Whether runs get a /proc of their own (not where the host's /proc is masked)."""
+
+
 @functools.cache
+def host_support() -> HostSupport:
+    """Whether bubblewrap contains programs on this host, checked once per process by running one."""
+    if seccomp_filter() is None:
+        return HostSupport(f"no seccomp table for this architecture ({os.uname().machine})")
+    for proc in (True, False):
+        try:
+            r = _run_contained(Limits(wall_s=30.0), "print(40 + 2)", "", proc=proc)
+        except subprocess.SubprocessError as e:  # the preexec step: the keyring or the cgroup
+            return HostSupport(f"a run cannot be given a fresh session keyring and its cgroup here ({e})")
+        except FileNotFoundError:
+            return HostSupport("bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)")
+        except OSError as e:
+            return HostSupport(f"bubblewrap could not start: {e}")
+        if r.stdout.strip() == "42":
+            return HostSupport(None, proc)
+        why = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        if "Unknown option" in why:
+            return HostSupport(f"bubblewrap is too old ({why}); 0.8 or newer is needed (--disable-userns)")
+        if not (proc and "Can't mount proc" in why):
+            return HostSupport(f"bubblewrap cannot create its namespaces here ({why}); user namespaces are "
+                               f"denied — e.g. Docker's default seccomp profile or user.max_user_namespaces = 0")
+    return HostSupport(f"bubblewrap cannot run a program here, with or without /proc ({why})")
+
+
 def containment_problem() -> str | None:
-    """None if bubblewrap contains programs on this host (checked once per process by running one),
-    else why not."""
-    try:
-        r = _run_contained(Limits(wall_s=30.0), "print(40 + 2)", "")
-    except FileNotFoundError:
-        return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    except OSError as e:
-        return f"bubblewrap could not start: {e}"
-    if r.stdout.strip() == "42":
-        return None
-    why = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
-    return (f"bubblewrap cannot create its namespaces here ({why}); user namespaces are denied — e.g. "
-            f"Docker's default seccomp profile or user.max_user_namespaces = 0")
+    """None if bubblewrap contains programs on this host, else why not."""
+    return host_support().problem
 
 
 class Sandbox:
     def __init__(self, limits: Limits = Limits(), unsafe: bool | None = None):
         self.limits = limits
         self.unsafe = os.environ.get(UNSAFE_ENV) == "1" if unsafe is None else unsafe
-        problem = containment_problem()
+        support = host_support()
+        problem = support.problem
         if problem is None:
-            self.isolation = CONTAINED + (", own uid" if os.geteuid() == 0 else "")
+            memory = Cgroup.mode()
+            self.isolation = (CONTAINED + (", own uid" if os.geteuid() == 0 else "")
+                              + ("" if support.proc else f", {MASKED_PROC}")
+                              + (f"; memory and pids: {memory} limit per run" if memory else
+                                 "; memory: rlimits per process and size-limited tmpfs (no delegated cgroup)"))
         elif self.unsafe:
             self.isolation = UNSAFE
             log.warning("code sandbox: %s. Running untrusted programs UNCONTAINED because "
@@ -132,7 +172,7 @@ class Sandbox:
 
     def run(self, program: str, stdin: str = "") -> RunResult:
         if self.contained:
-            return _run_contained(self.limits, program, stdin)
+            return _run_contained(self.limits, program, stdin, proc=host_support().proc)
         with tempfile.TemporaryDirectory(prefix="brorl-unsafe-") as work:
             with open(os.path.join(work, "main.py"), "w") as f:
                 f.write(program)
@@ -140,27 +180,33 @@ class Sandbox:
             return _run([python_binary(), "-I", "main.py"], self.limits, stdin, cwd=work)
 
 
-def _run_contained(lim: Limits, program: str, stdin: str) -> RunResult:
+def _run_contained(lim: Limits, program: str, stdin: str, proc: bool = True) -> RunResult:
     fd = os.memfd_create("brorl-program", 0)
+    seccomp = os.memfd_create("brorl-seccomp", 0)
     info_r, info_w = os.pipe()  # bwrap writes {"child-pid": N}: its namespace's init, as the host sees it
+    cgroup = Cgroup.open(lim.mem_mb * 2**20, lim.nproc)
     try:
         os.write(fd, program.encode())
         os.lseek(fd, 0, os.SEEK_SET)
+        os.write(seccomp, seccomp_filter() or b"")
+        os.lseek(seccomp, 0, os.SEEK_SET)
         os.set_blocking(info_r, False)
-        return _run(bwrap_command(lim.fsize_mb, fd, info_w, python_binary()), lim, stdin, pass_fds=(fd, info_w),
-                    info_fd=info_r)
+        cmd = bwrap_command(lim, fd, info_w, seccomp, python_binary(), proc=proc)
+        return _run(cmd, lim, stdin, pass_fds=(fd, info_w, seccomp), info_fd=info_r, cgroup=cgroup)
     finally:
-        for f in (fd, info_r, info_w):
+        for f in (fd, seccomp, info_r, info_w):
             try:
                 os.close(f)
             except OSError:
                 pass
+        if cgroup is not None:
+            cgroup.close()
 
 
 def _run(cmd: list[str], lim: Limits, stdin: str, cwd: str | None = None, pass_fds: tuple = (),
-         info_fd: int | None = None) -> RunResult:
+         info_fd: int | None = None, cgroup: Cgroup | None = None) -> RunResult:
     t0 = time.monotonic()
-    setup = _preexec(lim)
+    setup = _preexec(lim, cgroup, contained=info_fd is not None)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, cwd=cwd, env={}, stdin=subprocess.PIPE, stdout=out, stderr=err,
                                 preexec_fn=setup, close_fds=True, pass_fds=pass_fds)
@@ -176,7 +222,7 @@ def _run(cmd: list[str], lim: Limits, stdin: str, cwd: str | None = None, pass_f
             if info_fd is None and setup.uid is not None:  # uncontained, but under a fresh uid: all of it
                 _kill_uid(setup.uid)
         return RunResult(None if timed_out else proc.returncode, _read_capped(out), _read_capped(err),
-                         timed_out, time.monotonic() - t0)
+                         timed_out, time.monotonic() - t0, cgroup is not None and cgroup.oom_killed())
 
 
 def _namespace_init(info_fd: int | None) -> int | None:
@@ -222,7 +268,7 @@ def _own_processes() -> int:
     return n
 
 
-def _preexec(lim: Limits):
+def _preexec(lim: Limits, cgroup: Cgroup | None = None, contained: bool = True):
     root = os.geteuid() == 0
     uid = random.randint(1_000_000, 1_999_999) if root else None
     # a fresh uid starts at zero processes; our own uid already runs the actor's (many threads)
@@ -230,6 +276,13 @@ def _preexec(lim: Limits):
 
     def setup() -> None:  # in the child, between fork and exec
         os.setsid()
+        try:
+            join_fresh_session_keyring()
+        except OSError:
+            if contained:
+                raise
+        if cgroup is not None:
+            cgroup.join()  # before dropping to the fresh uid, which may not write there
         mb = 2**20
         resource.setrlimit(resource.RLIMIT_CPU, (lim.cpu_s, lim.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_AS, (lim.mem_mb * mb, lim.mem_mb * mb))

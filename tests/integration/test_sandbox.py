@@ -100,3 +100,25 @@ def test_code_verifier_partial_credit():
     assert not partial.correct and partial.reward == pytest.approx(1 / 3) and "1/3" in partial.reason
     crash = code_v.score("```python\nraise SystemExit(3)\n```", ref)
     assert crash.reward == 0 and "exit 3" in crash.reason
+
+
+def test_a_program_that_searches_the_host_for_its_test_cases_scores_zero():
+    """Issue 32, finding 1: the task file sits where a user keeps data (here /var/tmp, outside the /tmp
+    the sandbox always hid); a program that walks every path it can see for its own stdin and prints the
+    line after it used to score 1.0, "all tests passed". It finds nothing now: the code verifier scores 0."""
+    from tests.support.sandbox_probe import WALKER
+
+    data = os.path.join("/var/tmp", f"brorl-walker-{os.getpid()}")
+    os.makedirs(data)
+    try:
+        tests = [{"input": f"brorl-walker-{os.getpid()}-{i}", "output": f"answer-{i}-{os.getpid()}"} for i in range(2)]
+        with open(os.path.join(data, "train.jsonl"), "w") as f:
+            for t in tests:  # the layout a dataset file has: input line, then expected output
+                f.write(f"{t['input']}\n{t['output']}\n")
+        res = code_v.score(f"```python\n{WALKER}\n```", json.dumps({"tests": tests}),
+                           sandbox=Sandbox(Limits(cpu_s=60, wall_s=90.0, mem_mb=512)))
+        assert res.reward == 0.0 and not res.correct and "wrong output" in res.reason, res
+    finally:
+        import shutil
+
+        shutil.rmtree(data, ignore_errors=True)

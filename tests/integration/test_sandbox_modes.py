@@ -1,10 +1,14 @@
 """The code sandbox is contained or refuses — never silently uncontained — as root, as root without
 CAP_SYS_ADMIN, as root under a Docker-like seccomp profile (no namespaces: refused unless the operator
-says unsafe), and as an unprivileged user; and nothing of a run survives its scoring worker's SIGKILL.
+says unsafe), in a mount namespace whose /proc is masked as Docker masks it, and as an unprivileged user;
+and nothing of a run survives its scoring worker's SIGKILL.
 
 Each mode runs `tests/support/sandbox_probe.py` (hostile programs, standard library only) in a real
 process with that identity: `setpriv` for the uid and capabilities, `tests/support/no_userns.py` for the
-seccomp filter."""
+seccomp filter, `unshare` for the masked /proc. Where the probe's uid could read them, the test plants the
+task's data (input line and expected output) in /var/tmp, /opt, /srv and a 0700 home folder (with a 0600
+"CURVE secret key" beside it), Unix sockets in /var/tmp, the home folder and the abstract namespace, and the
+probe plants a key in its session keyring: a program that walks every path it can see finds none of it."""
 
 import asyncio
 import json
@@ -35,7 +39,8 @@ def world():
     module copied into it, and a listening host port nobody should reach."""
     d = Path(tempfile.mkdtemp(prefix="brorl-probe-"))
     os.chmod(d, 0o777)
-    for f in ("verifiers/sandbox.py", "tests/support/sandbox_probe.py", "tests/support/no_userns.py"):
+    for f in ("verifiers/sandbox.py", "verifiers/sandbox_host.py", "tests/support/sandbox_probe.py",
+              "tests/support/no_userns.py"):
         shutil.copy(ROOT / f, d / Path(f).name)
         os.chmod(d / Path(f).name, 0o644)
     (d / "host").mkdir()
@@ -50,12 +55,92 @@ def world():
         os.remove("/tmp/brorl-probe")
 
 
-def probe(world, wrap: list[str], **env) -> dict:
+class Planted:
+    """The task's data and sockets on the host, where a program looking for them would look; `uid` owns the
+    home folder (0700) and what is in it (0600), as a user's own files are."""
+
+    def __init__(self, uid: int):
+        tag = f"brorl-probe-{os.getpid()}-{uid}"
+        self.marker, self.expected = f"{tag} input 12345", f"{tag} the expected output"
+        row = json.dumps({"prompt": "double it", "reference": {"tests": [{"input": self.marker, "output": self.expected}]}})
+        task = f"{self.marker}\n{self.expected}\n{row}\n"
+        self.dirs = [Path("/var/tmp") / tag, Path("/opt") / tag, Path("/srv") / tag, Path("/home") / tag]
+        for d in self.dirs:
+            d.mkdir(parents=True)
+            (d / "train.jsonl").write_text(task)
+        home = self.dirs[-1]
+        (home / "actor.key_secret").write_text(f"secret-key = \"{self.marker}\"\n{self.expected}\n")
+        for f in home.iterdir():
+            os.chmod(f, 0o600)
+            os.chown(f, uid, uid)
+        os.chmod(home, 0o700)
+        os.chown(home, uid, uid)
+        self.servers = []
+        for path, mode in ((self.dirs[0] / "bus.sock", 0o777), (home / "systemd.sock", 0o600), ("\0brorl-probe-abstract", None)):
+            srv = socket.socket(socket.AF_UNIX)
+            srv.bind(str(path))
+            srv.listen(8)
+            if mode is not None:
+                os.chmod(path, mode)
+                os.chown(path, uid, uid)
+            self.servers.append(srv)
+        self.sockets = [str(self.dirs[0] / "bus.sock"), str(home / "systemd.sock")]
+
+    def arg(self) -> str:
+        return json.dumps({"marker": self.marker, "expected": self.expected, "sockets": self.sockets})
+
+    def close(self) -> None:
+        for srv in self.servers:
+            srv.close()
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def probe(world, wrap: list[str], uid: int | None = None, **env) -> dict:
     d, port = world
-    r = subprocess.run([*wrap, PY, str(d / "sandbox_probe.py"), str(d / "sandbox.py"), str(d / "host"), str(port)],
-                       capture_output=True, text=True, timeout=120, env={"PATH": os.environ["PATH"], **env}, cwd=d)
+    planted = Planted(uid) if uid is not None else None
+    try:
+        r = subprocess.run([*wrap, PY, str(d / "sandbox_probe.py"), str(d / "sandbox.py"), str(d / "host"), str(port),
+                            *([planted.arg()] if planted else [])],
+                           capture_output=True, text=True, timeout=300, env={"PATH": os.environ["PATH"], **env}, cwd=d)
+    finally:
+        if planted:
+            planted.close()
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    if planted:
+        res["expected"] = planted.expected
+    return res
+
+
+VISIBLE = {"bin", "dev", "lib", "lib64", "proc", "sbin", "tmp", "usr", "work"}  # links as this host has them
+
+
+def memory_mode_expected(uid: int) -> str | None:
+    """What the host delegates to `uid`: cgroup v1's memory and pids hierarchies are writable by root here."""
+    v1 = [Path("/sys/fs/cgroup") / c for c in ("memory", "pids")]
+    if uid == 0 and all((p / "cgroup.procs").exists() for p in v1):
+        return "cgroup v1"
+    return None
+
+
+def assert_sees_nothing_of_the_host(res: dict, uid: int) -> None:
+    """Findings 1-5 of issue 32: the walker finds no task data and fakes no pass, sees only the minimal view;
+    no host socket; no key of the caller's session keyring; memory bounded in every form."""
+    walker = res["walker"]
+    assert not walker["timed_out"], walker
+    assert walker["found"] == [] and walker["answer"] == "nothing" and not walker["faked_pass"], walker
+    assert set(walker["top"]) <= VISIBLE and "usr" in walker["top"], walker["top"]
+    assert res["reached_sockets"] == [], res["reached_sockets"]
+    assert res["planted_key"] and "brorl-probe-key-payload" not in res["keys_seen"], res["keys_seen"]
+    mem = res["memory"]
+    assert mem["shm"] <= 8 and not mem["userns"] and not mem["memfd"] and not mem["shmget"], mem
+    mode = memory_mode_expected(uid)
+    if mode:
+        assert f"memory and pids: {mode}" in res["isolation"], res["isolation"]
+        assert res["spread"]["oom_killed"], res["spread"]  # 4 x 200 MiB over a 256 MiB cgroup
+    else:
+        assert "no delegated cgroup" in res["isolation"], res["isolation"]
 
 
 def assert_contained(res: dict) -> None:
@@ -68,22 +153,38 @@ def assert_contained(res: dict) -> None:
 
 
 def test_root_is_contained_under_a_fresh_uid(world):
-    res = probe(world, [])
+    res = probe(world, [], uid=0)
     assert res["uid"] == 0 and res["cap_sys_admin"]
     assert_contained(res)
-    assert res["isolation"].endswith("own uid")
+    assert "own uid" in res["isolation"]
+    assert_sees_nothing_of_the_host(res, 0)
 
 
 def test_root_without_cap_sys_admin_is_still_contained(world):
-    res = probe(world, NO_CAP_SYS_ADMIN)
+    res = probe(world, NO_CAP_SYS_ADMIN, uid=0)
     assert res["uid"] == 0 and not res["cap_sys_admin"]
     assert_contained(res)
+    assert_sees_nothing_of_the_host(res, 0)
 
 
 def test_an_unprivileged_user_is_contained_too(world):
-    res = probe(world, NOBODY)
+    res = probe(world, NOBODY, uid=65534)
     assert res["uid"] == 65534
     assert_contained(res)
+    assert_sees_nothing_of_the_host(res, 65534)
+
+
+def test_a_masked_proc_as_in_docker_unconfined_runs_contained_without_proc(world):
+    """Docker run with seccomp=unconfined allows user namespaces but masks parts of /proc (/proc/keys
+    among them): bubblewrap cannot mount a /proc of its own. The sandbox runs without one and says so (it
+    used to refuse, blaming user namespaces)."""
+    d, _ = world
+    masked = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c",
+              'mount --bind /dev/null /proc/keys && exec "$@"', "masked", *NO_CAP_SYS_ADMIN]
+    res = probe(world, masked)
+    assert "refused" not in res, res
+    assert_contained(res)
+    assert "no /proc (the host's /proc is partly masked)" in res["isolation"], res["isolation"]
 
 
 def test_without_namespaces_docker_default_it_refuses_unless_told_unsafe(world):

@@ -1,17 +1,23 @@
 """Run hostile programs through `verifiers/sandbox.py` as whatever user/capabilities/seccomp this process
 has, and print what happened as one JSON line.
 
-    python sandbox_probe.py SANDBOX_PY HOST_DIR PORT
+    python sandbox_probe.py SANDBOX_PY HOST_DIR PORT [PLANTED_JSON]
 
-Self-contained (loads the sandbox module from its file path, standard library only) so it can run as an
-unprivileged user that cannot read the project's virtual environment.
+PLANTED_JSON names what the test planted on the host for the program to find: {"marker": the task's
+input line, "expected": its expected output, "sockets": [Unix socket paths]}. Before running anything the
+probe also plants a key in a session keyring of its own. Self-contained (loads the sandbox modules from
+their file paths, standard library only) so it can run as an unprivileged user that cannot read the
+project's virtual environment.
 """
 
+import ctypes
 import importlib.util
 import json
 import os
+import platform
 import sys
 import time
+import types
 
 MARK = "brorl-probe-daemon"
 
@@ -36,15 +42,145 @@ def sandbox_processes(programs_only: bool = False) -> list[int]:
     return out
 
 
+# The hostile program of finding 1: walk every path it can see for the task's data; where a file holds its
+# own stdin, print the line after it (the expected output, in a JSONL or input/output file); list what it saw.
+WALKER = r"""
+import json, os, stat, sys
+line = sys.stdin.readline().strip()
+seen, found, answer = sorted(os.listdir("/")), [], None
+for root, dirs, files in os.walk("/"):
+    if root in ("/proc", "/sys"):
+        dirs[:] = []
+        continue
+    for name in files:
+        path = os.path.join(root, name)
+        if "brorl-probe" in path:
+            found.append(path)
+        if root.startswith("/usr/") and "brorl-probe" not in path:
+            continue
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # devices and pipes: nothing stored, may block
+                continue
+            with open(path, errors="replace") as f:
+                text = f.read(1 << 20)
+        except OSError:
+            continue
+        if line and line in text:
+            found.append(path)
+            rest = text.split(line, 1)[1].splitlines()
+            answer = next((r for r in rest if r.strip()), answer)
+print(answer if answer is not None else "nothing")
+print(json.dumps({"top": seen, "found": sorted(set(found))}), file=sys.stderr)
+"""
+
+KEYS = r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {NR}
+buf = ctypes.create_string_buffer(4096)
+n = libc.syscall(NR, 11, ctypes.c_int(-3), buf, 4096)  # KEYCTL_READ of the session keyring: its key ids
+out = []
+for i in range(0, max(n, 0), 4):
+    b = ctypes.create_string_buffer(4096)
+    m = libc.syscall(NR, 11, ctypes.c_int(int.from_bytes(buf.raw[i:i + 4], "little", signed=True)), b, 4096)
+    out.append(b.raw[:max(m, 0)].decode(errors="replace"))
+try:
+    out.append(open("/proc/keys").read())
+except OSError:
+    pass
+print(repr(out))
+"""
+
+SOCKETS = """
+import socket
+for path in {paths!r}:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        print("reached", path)
+    except OSError:
+        pass
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("\\0brorl-probe-abstract")
+    print("reached abstract")
+except OSError:
+    pass
+"""
+
+MEMORY = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+held = 0
+try:
+    with open("/dev/shm/hold", "wb") as f:
+        for _ in range(600):
+            f.write(b"x" * (1 << 20))
+            f.flush()
+            held += 1
+except OSError:
+    pass
+print("shm", held)
+print("userns", libc.unshare(0x10000000) == 0)
+try:
+    os.memfd_create("hold")
+    print("memfd", True)
+except OSError:
+    print("memfd", False)
+print("shmget", libc.shmget(0, 1 << 30, 0o1600) >= 0)
+"""
+
+# four processes of 200 MiB each: within each one's address-space limit, over a 256 MiB total
+SPREAD = """
+import os, time
+kids = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        b = bytearray(200 << 20)
+        for i in range(0, len(b), 4096):
+            b[i] = 1
+        time.sleep(1.5)
+        os._exit(0)
+    kids.append(pid)
+print("statuses", [os.waitpid(k, 0)[1] for k in kids])
+"""
+
+SYS_KEYCTL, SYS_ADD_KEY = {"x86_64": (250, 248), "aarch64": (219, 217)}[platform.machine()]
+KEY_PAYLOAD = "brorl-probe-key-payload"
+
+
+def plant_key() -> bool:
+    """A user key in a session keyring this process joins (what pam_keyinit or a Kerberos cache leaves)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_KEYCTL, 1, b"brorl-probe-session") < 0:
+        return False
+    return libc.syscall(SYS_ADD_KEY, b"user", b"brorl-probe-secret", KEY_PAYLOAD.encode(), len(KEY_PAYLOAD),
+                        ctypes.c_int(-3)) > 0
+
+
+def load_sandbox(path: str):
+    """verifiers/sandbox.py and verifiers/sandbox_host.py from the folder they were copied to."""
+    folder = os.path.dirname(path)
+    pkg = types.ModuleType("verifiers")
+    pkg.__path__ = [folder]
+    sys.modules["verifiers"] = pkg
+    mods = {}
+    for name in ("sandbox_host", "sandbox"):
+        spec = importlib.util.spec_from_file_location(f"verifiers.{name}", os.path.join(folder, f"{name}.py"))
+        mods[name] = importlib.util.module_from_spec(spec)
+        sys.modules[f"verifiers.{name}"] = mods[name]  # dataclasses look their module up
+        spec.loader.exec_module(mods[name])
+    return mods["sandbox"]
+
+
 def main() -> None:
-    spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
-    sb_mod = importlib.util.module_from_spec(spec)
-    sys.modules["sandbox"] = sb_mod  # dataclasses look their module up
-    spec.loader.exec_module(sb_mod)
+    sb_mod = load_sandbox(sys.argv[1])
     host_dir, port = sys.argv[2], int(sys.argv[3])
+    planted = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     with open("/proc/self/status") as f:
         cap_eff = int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
-    res = {"uid": os.getuid(), "cap_sys_admin": bool(cap_eff >> 21 & 1)}
+    res = {"uid": os.getuid(), "cap_sys_admin": bool(cap_eff >> 21 & 1), "planted_key": plant_key()}
     try:
         sb = sb_mod.Sandbox(sb_mod.Limits(cpu_s=2, wall_s=3.0, mem_mb=256, nproc=16))
     except sb_mod.SandboxUnavailable as e:
@@ -63,6 +199,19 @@ def main() -> None:
     res["daemon_run_s"] = round(time.monotonic() - t0, 2)
     res["forked"] = "forked" in r.stdout
     res["left_alive"] = sandbox_processes()
+    if planted:
+        walk = sb_mod.Sandbox(sb_mod.Limits(cpu_s=60, wall_s=90.0, mem_mb=512, nproc=16)).run(
+            WALKER, planted["marker"] + "\n")
+        seen = json.loads((walk.stderr.strip().splitlines() or ["{}"])[-1])
+        res["walker"] = {"answer": walk.stdout.strip(), "faked_pass": walk.stdout.strip() == planted["expected"],
+                         "timed_out": walk.timed_out, **seen}
+        res["reached_sockets"] = sb.run(SOCKETS.format(paths=planted["sockets"])).stdout.split("\n")[:-1]
+        res["keys_seen"] = sb.run(KEYS.replace("{NR}", str(SYS_KEYCTL))).stdout.strip()
+        mem = sb.run(MEMORY).stdout.split()
+        res["memory"] = {k: json.loads(v.lower()) for k, v in zip(mem[::2], mem[1::2])}
+        spread = sb.run(SPREAD)
+        res["spread"] = {"oom_killed": getattr(spread, "oom_killed", None), "stdout": spread.stdout.strip(),
+                         "returncode": spread.returncode}
     print(json.dumps(res))
 
 
