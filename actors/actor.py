@@ -255,7 +255,7 @@ class Actor:
             await self.sockets.work.send(wire.Heartbeat(
                 self.actor_id, self.sync.version, len(self.inflight), len(self.sockets.rollouts.unacked),
                 self.sync.checksum, self.verifiers.in_force(), self.last_error,
-                self.stats.heartbeat(self.load.idle_s())))
+                self.stats.heartbeat(self.load.idle_s()), self.sync.group))
 
 
 def main(cfg: BrorlConfig, actor_id: str, endpoints: Endpoints) -> int:

@@ -83,6 +83,11 @@ class WeightSync:
                                                    payload["plan"]), "weights-join")
 
     # ------------------------------------------------------------------ questions
+    @property
+    def group(self) -> str:
+        """The weight group we were named in and joined or are joining ("" before any): in heartbeats."""
+        return self._group or ""
+
     def may_admit(self) -> bool:
         """May a new prompt start now? Only with known weights not more than max_staleness behind."""
         return self.state is SyncState.READY and self.latest - self.version <= self.max_staleness

@@ -17,8 +17,7 @@ Batcher     dynamic sampling with backfill: drops all-correct / all-wrong groups
             by reason); `await next_batch(step, interrupted)` returns B kept groups that pass admission as
             soon as they are there (woken by each arriving group, no polling), or None when `interrupted()`
             turns true (checked on every `wake()`), keeping what it has gathered for the next call.
-Membership  which actors are alive (heard from within `transport.heartbeat_timeout_s`) and in the weight
-            group; checks their reported weight checksums.
+(Which actors are alive and in the weight group: `learner.membership`.)
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import asyncio
 import collections
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -330,151 +328,3 @@ class Batcher:
         }
         self._reset()
         return out
-
-
-class Membership:
-    def __init__(self, timeout_s: float = 15.0, max_actors: int = 256):
-        self.timeout_s = timeout_s
-        self.max_actors = max_actors
-        self.last_seen: dict[str, float] = {}
-        self.addresses: dict[str, str] = {}  # actor id -> the address its last hello came from
-        self._heard: dict[str, float] = {}  # actor id -> last message of any kind (hello included)
-        self.group: list[str] = []
-        self.synced_version = -1
-        self.expected: dict[int, str] = {}
-        self.checksum_ok = 0
-        self.checksum_mismatch = 0
-        self.versions: dict[str, int] = {}
-        self.actor_stats: dict[str, dict[str, float]] = {}
-        self.incarnations: dict[str, str] = {}  # actor id -> the incarnation that said hello last
-        self.last_error: dict[str, str] = {}
-        self.suspects: set[str] = set()  # missed a roll call: not alive until heard from again
-        self.bad_weights: dict[str, int] = {}  # actor -> version whose weights it reported with a wrong checksum
-        self.resync = False
-        self._reminded: dict[str, float] = {}
-
-    def may_hello(self, actor_id: str) -> bool:
-        """Is there room for this actor id? Known ids always; a new one only while fewer than `max_actors`
-        ids are tracked (silent ones are pruned first): a flood of forged ids cannot grow the tables."""
-        if actor_id in self.incarnations:
-            return True
-        if len(self.incarnations) >= self.max_actors:
-            self.prune()
-        return len(self.incarnations) < self.max_actors
-
-    def prune(self) -> None:
-        """Forget every actor id not heard from for `timeout_s` (it says hello again if it comes back)."""
-        now = time.monotonic()
-        for a in [a for a, t in self._heard.items() if now - t >= self.timeout_s]:
-            for table in (self._heard, self.incarnations, self.addresses, self.last_seen, self.versions,
-                          self.actor_stats, self.last_error, self.bad_weights):
-                table.pop(a, None)
-            self.suspects.discard(a)
-
-    def hello(self, actor_id: str, incarnation: str, address: str = "") -> tuple[bool, str | None]:
-        """Record a hello (not yet a sign of life: an actor is alive from its first heartbeat or request, so
-        hellos alone — forged ones included — never start a rendezvous). Returns (left_group, retired):
-        left_group is True if it comes from a member of the current weight group — the actor (or its
-        engine) restarted, that group is gone for it and its rendezvous must not be handed out again;
-        retired is the actor's previous incarnation when this hello comes from a new process under the
-        same actor id (else None)."""
-        self._heard[actor_id] = time.monotonic()
-        self.addresses[actor_id] = address
-        old = self.incarnations.get(actor_id)
-        self.incarnations[actor_id] = incarnation
-        left = actor_id in self.group
-        if left:
-            self.group = []
-        return left, (old if old is not None and old != incarnation else None)
-
-    def said_hello(self, actor_id: str) -> bool:
-        """Has this actor said hello to this learner process? (An actor that worked for a learner before it
-        restarted has not, until it learns of the restart.)"""
-        return actor_id in self.incarnations
-
-    def may_remind(self, actor_id: str, every_s: float = 1.0) -> bool:
-        """Rate limit for telling an actor that has not said hello to do so: at most once per `every_s`."""
-        now = time.monotonic()
-        if now - self._reminded.get(actor_id, -math.inf) < every_s:
-            return False
-        if len(self._reminded) >= 1024:  # forget old reminders: the table stays small whatever peers send
-            self._reminded = {a: t for a, t in self._reminded.items() if now - t < every_s}
-            if len(self._reminded) >= 1024:  # a flood of unknown ids: remind nobody new for now
-                return False
-        self._reminded[actor_id] = now
-        return True
-
-    def seen(self, actor_id: str) -> bool:
-        """Record a sign of life; True if the actor was not alive a moment ago (a new member), or was a
-        suspect (it did not answer a roll call) and has now shown it lives."""
-        now = time.monotonic()
-        new = now - self.last_seen.get(actor_id, -math.inf) >= self.timeout_s or actor_id in self.suspects
-        self.suspects.discard(actor_id)
-        self.last_seen[actor_id] = self._heard[actor_id] = now
-        return new
-
-    async def roll_call(self, candidates: list[str], within_s: float) -> list[str]:
-        """Before a rendezvous, which candidates show a sign of life (a heartbeat: one every heartbeat
-        interval) within `within_s` from now? The rest become suspects — not alive — until they do: a rendezvous
-        that named an actor that died a moment ago would wait a whole weight timeout for it."""
-        t0 = time.monotonic()
-        while True:
-            answered = [a for a in candidates if self.last_seen.get(a, -math.inf) > t0]
-            if len(answered) == len(candidates) or time.monotonic() - t0 > within_s:
-                break
-            await asyncio.sleep(0.05)
-        missing = set(candidates) - set(answered)
-        if missing:
-            log.warning("no heartbeat from %s within %.1f s: left out of the weight group until they send one",
-                        sorted(missing), within_s)
-        self.suspects |= missing
-        return sorted(answered)
-
-    def expect(self, version: int, checksum: str, keep: int = 16) -> None:
-        """The checksum actors must report for `version` (only the last `keep` versions are kept)."""
-        self.expected[version] = checksum
-        for v in [v for v in self.expected if v <= version - keep]:
-            del self.expected[v]
-
-    def heartbeat(self, hb: wire.Heartbeat) -> bool:
-        """Record a heartbeat (weights checksum, counters, error); True if it comes from a new member."""
-        new = self.seen(hb.actor_id)
-        if hb.checksum and hb.version in self.expected:
-            if hb.checksum == self.expected[hb.version]:
-                if self.versions.get(hb.actor_id) != hb.version or hb.actor_id in self.bad_weights:
-                    self.checksum_ok += 1
-                self.bad_weights.pop(hb.actor_id, None)
-            elif self.bad_weights.get(hb.actor_id) != hb.version:
-                self.checksum_mismatch += 1
-                self.bad_weights[hb.actor_id] = hb.version
-                self.resync = True  # the owner regroups: the next broadcast sends everyone the weights again
-                log.error("actor %s reports weights %s for version %d, expected %s: its groups are refused until "
-                          "it holds the right weights; re-broadcasting", hb.actor_id, hb.checksum, hb.version,
-                          self.expected[hb.version])
-        self.versions[hb.actor_id] = hb.version
-        self.actor_stats[hb.actor_id] = {**hb.stats, "inflight": hb.inflight, "unacked": hb.unacked}
-        if hb.error and self.last_error.get(hb.actor_id) != hb.error:  # each new error once, not every second
-            log.warning("actor %s: %s", hb.actor_id, hb.error)
-        self.last_error[hb.actor_id] = hb.error
-        return new
-
-    def alive(self) -> list[str]:
-        now = time.monotonic()
-        return sorted(a for a, t in self.last_seen.items() if now - t < self.timeout_s and a not in self.suspects)
-
-    def drop_silent(self, within_s: float | None = None) -> list[str]:
-        """Forget actors silent for `timeout_s` (or `within_s`) or longer (no longer members); returns them."""
-        now = time.monotonic()
-        limit = self.timeout_s if within_s is None else within_s
-        gone = [a for a, t in self.last_seen.items() if now - t >= limit]
-        for a in gone:
-            del self.last_seen[a]
-            self.versions.pop(a, None)
-            self.actor_stats.pop(a, None)
-            self.last_error.pop(a, None)
-            self.suspects.discard(a)
-            self.bad_weights.pop(a, None)
-        return gone
-
-    def needs_sync(self, version: int) -> bool:
-        return version > 0 and (self.synced_version < version or self.group != self.alive())

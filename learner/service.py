@@ -21,19 +21,21 @@ from pathlib import Path
 
 from config.schema import BrorlConfig
 from learner.admin import AdminDesk
-from learner.batching import Admission, Batch, Batcher, Dispatcher, Membership, TaskStream
+from learner.batching import Admission, Batch, Batcher, Dispatcher, TaskStream
+from learner.membership import Membership
 from learner.diagnose import why_no_batch
 from learner.heldout import HeldoutEstimate
+from learner.intake import Intake
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
 from learner.metrics import ACTOR_COUNTERS, MetricsWriter, open_append
 from learner.ranks import Ranks, build_trainer, follow, join_ranks
 from learner.report import StepReport
 from learner.train_step import TrainGroup
-from learner.validation import GroupValidator, identity_problem
+from learner.validation import GroupValidator
 from taskdata import PromptRenderer
 from transport import wire
 from transport.weights import WeightBroadcaster, WeightSyncError, free_port
-from transport.zmq_transport import Endpoints, LearnerSockets, Peer, Security
+from transport.zmq_transport import Endpoints, LearnerSockets, Security
 
 log = logging.getLogger("brorl.learner")
 
@@ -51,7 +53,7 @@ def main(cfg: BrorlConfig, resume: bool) -> int:
     return code
 
 
-class LearnerService:
+class LearnerService(Intake):
     def __init__(self, cfg: BrorlConfig, *, resume: bool = False, ranks: Ranks | None = None):
         self.cfg, self.ranks = cfg, ranks or Ranks()
         self.ckpt = Checkpointer(cfg.run.run_dir, keep=cfg.learner.checkpoint_keep)
@@ -192,19 +194,27 @@ class LearnerService:
             self.members.synced_version = self.version
             await self.sockets.control.publish("version", version=self.version)
             return
+        forming = None  # (group name, when actors were told) while a new group's rendezvous is open
         try:
             if self.members.group != alive:
                 tp = self.cfg.actor.tensor_parallel_size  # each worker of a TP engine is a rank (vllm_ext)
                 info, offsets = self.broadcaster.rendezvous_info(free_port(self.cfg.transport.host), [tp] * len(alive))
                 await self.sockets.control.publish("weights", rendezvous=info, plan=self.broadcaster.plan.to_dict(),
                                                    offsets=dict(zip(alive, offsets)))
+                forming = (info["group_name"], time.monotonic())
                 await self.broadcaster.open(info)
+                forming = None
                 self.members.group = alive
             await self.sockets.control.publish("version", version=self.version)
             self.members.expect(self.version, await self.broadcaster.broadcast())
             self.members.synced_version = self.version
         except WeightSyncError as e:
             log.error("weight sync for version %d failed: %s; regrouping with live actors", self.version, e)
+            # the group never formed: a member that kept heartbeating without naming it is why (a zombie)
+            if forming and (absent := self.members.shun_absent(
+                    alive, forming[0], forming[1] + 2 * self.cfg.transport.heartbeat_interval_s)):
+                log.error("actors %s heartbeat but never named weight group %s: left out of weight groups until "
+                          "they say hello again", absent, forming[0])
             self._drop_group()
             # a member that died is why it failed: give the living two heartbeats to show themselves and
             # evict the rest now, so the next rendezvous does not wait a whole weight timeout for the dead
@@ -262,169 +272,9 @@ class LearnerService:
                 report.update(m)
 
     # ------------------------------------------------------------------ background tasks
-    async def _work_task(self) -> None:
-        while True:
-            ident, msg = await self.sockets.work.recv()
-            try:  # nothing a peer sends may end the learner
-                await self.on_work_message(ident, msg, self.sockets.work.last_peer)
-            except Exception as e:
-                self.validator.count("?", "-", f"internal_error: {type(e).__name__}: {e} (work message)")
-                log.exception("work message %s failed", type(msg).__name__)
-
-    async def on_work_message(self, ident: bytes, msg, peer: Peer) -> None:
-        if isinstance(msg, wire.Admin):  # answered by a task: a verifier check must not stall heartbeats
-            if len(self._admin_tasks) >= 4:
-                return await self.sockets.work.send(ident, wire.AdminReply(False, "busy: 4 admin commands running"))
-            t = asyncio.create_task(self._answer_admin(ident, msg, peer), name="learner:admin")
-            self._admin_tasks.add(t)
-            t.add_done_callback(self._admin_tasks.discard)
-            return
-        actor = getattr(msg, "actor_id", None)
-        if not isinstance(msg, (wire.Hello, wire.WorkRequest, wire.Heartbeat)):
-            return  # not a message an actor sends to the learner
-        why = self.work_identity_problem(ident, actor, peer, hello=isinstance(msg, wire.Hello))
-        if why:
-            self.validator.count(actor[:64], "-", f"identity: {type(msg).__name__} {why}")
-            return
-        if isinstance(msg, wire.Hello):
-            if not self.members.may_hello(actor):
-                self.validator.count(actor[:64], "-", f"hello_refused: {len(self.members.incarnations)} actor ids "
-                                                      f"tracked (transport.max_actors)")
-                return
-            left_group, retired = self.members.hello(actor, msg.incarnation, peer.address)
-            if left_group:
-                self._drop_group()  # stale for it: the next rendezvous forms a new group
-            if retired is not None:
-                self.retire_incarnation(actor, retired)
-            await self.sockets.answer_hello(ident, msg)
-            self.batcher.wake()  # a (re)joining actor may need the current weights
-        elif not self.members.said_hello(actor):
-            # an actor of an earlier learner process (we restarted) or one we forgot: our snapshot tells it
-            # to say hello before it gets work (a heartbeat or request of it counts for nothing until then)
-            if self.members.may_remind(actor):
-                await self.sockets.work.send(ident, self.sockets.control.snapshot(hello_needed=True))
-        elif isinstance(msg, wire.WorkRequest):
-            if self.members.seen(actor):
-                self.batcher.wake()
-            self.take_back(msg.returned, actor, "handed_back")  # aborted (too stale) or failed there
-            items = self.dispatcher.grant(actor, msg.credits, self.batcher.room(), step=self.version,
-                                          actor_version=msg.version, settled=len(self.batcher.consumed_ids))
-            if items:
-                self._record({"granted": [i.prompt_id for i in items], "actor": actor, "sources": [i.source for i in items],
-                              "incarnation": self.members.incarnations.get(actor, "")})
-            await self.sockets.work.send(ident, wire.WorkAssignment(items))
-        else:
-            new = self.members.heartbeat(msg)
-            if self.members.resync:  # an actor holds weights that failed their checksum
-                self.members.resync = False
-                self._drop_group()
-            if new or not self.members.group:
-                self.batcher.wake()  # a new member, or a regroup: broadcast first
-
-    def work_identity_problem(self, ident: bytes, actor: str, peer: Peer, hello: bool) -> str:
-        """Why a work-socket message claiming to come from `actor` is not believed ("" if it is)."""
-        if not actor or len(actor) > 128:
-            return f"actor id of {len(actor)} characters (1 to 128 allowed)"
-        if ident != actor.encode():
-            return f"routing identity {ident[:64]!r} is not actor {actor!r}"
-        address = None if hello else self.members.addresses.get(actor)  # a hello may come from a new host
-        return identity_problem(actor, peer, address, self.cfg.transport.curve)
-
-    def take_back(self, pids: list[int], actor: str | None, reason: str, holder: bool = True) -> None:
-        """Prompts back to the queue (with `holder`, those `actor` holds) and a ledger row saying why."""
-        if back := self.dispatcher.give_back(pids, actor if holder else None):
-            self._record({"returned": back, "actor": actor, "reason": reason})
-
     def _record(self, row: dict) -> None:
         self.ledger.write(json.dumps(row) + "\n")
         self.ledger.flush()
-
-    async def _answer_admin(self, ident: bytes, msg: wire.Admin, peer: Peer) -> None:
-        try:
-            reply = await self.desk.handle(msg, peer)
-        except Exception as e:
-            log.exception("admin command %r failed", msg.command)
-            reply = wire.AdminReply(False, f"failed: {type(e).__name__}: {e}")
-        await self.sockets.work.send(ident, reply)
-
-    async def _rollout_task(self) -> None:
-        while True:
-            g = await self.sockets.rollouts.recv()
-            await self.send_nacks()
-            try:  # nothing a peer sends may end the learner
-                await self.on_group(g, self.sockets.rollouts.last_peer)
-            except Exception as e:
-                why = f"internal_error: {type(e).__name__}: {e}"
-                self.validator.count(g.actor_id[:64], g.group_id[:200], why)
-                log.exception("group %s failed", g.group_id[:200])
-                await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([], {g.group_id: why}))
-
-    async def send_nacks(self) -> None:
-        """NACK groups that did not decode but named their sender and id (so it stops re-sending them); the
-        prompt goes back to the queue if the sender, authenticated as itself, holds it."""
-        for n in self.sockets.rollouts.take_nacks():
-            self.validator.count(n.actor_id[:64], n.group_id[:200], n.why)
-            await self.sockets.work.send(n.actor_id.encode(), wire.GroupAck([], {n.group_id: n.why}))
-            if n.prompt_id is not None and not identity_problem(n.actor_id, n.peer, self.members.addresses.get(
-                    n.actor_id), self.cfg.transport.curve):
-                self.take_back([n.prompt_id], n.actor_id, "invalid")
-
-    async def on_group(self, g: wire.RolloutGroup, peer: Peer) -> None:
-        """Validate, acknowledge (or NACK), then use or drop a group by the lease and staleness rules."""
-        if self.heldout.t_first is None:
-            self.heldout.t_first = time.monotonic()
-        dups = self.sockets.rollouts.take_duplicate_ids()
-        problem = self.validate(g, peer)
-        if problem:
-            self.validator.count(g.actor_id[:64], g.group_id[:200], problem)
-            self.take_back([g.prompt_id], g.actor_id, "invalid")  # if it held the prompt: granted again
-            await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck(dups, {g.group_id: problem}))
-            return
-        await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([g.group_id] + dups))
-        if not self.members.said_hello(g.actor_id) or g.actor_id in self.members.bad_weights:
-            self.batcher.count_unleased(g)  # made for an earlier learner process, or with weights that failed
-            self.take_back([g.prompt_id], g.actor_id, "unleased")  # their checksum
-        elif not self.dispatcher.claim(g.prompt_id, g.actor_id):
-            self.batcher.count_unleased(g)  # answered already, or granted to another actor meanwhile
-        elif self.admission.admit(g, self.version):
-            self.batcher.add(g)
-        else:
-            self.batcher.count_stale(g)
-            self.take_back([g.prompt_id], g.actor_id, "stale", holder=False)
-
-    def validate(self, g: wire.RolloutGroup, peer: Peer) -> str:
-        """"" if the group may be used, else the reason (`learner.validation`)."""
-        why = identity_problem(g.actor_id, peer, self.members.addresses.get(g.actor_id), self.cfg.transport.curve)
-        if why:
-            return f"identity: {why}"
-        if not self.members.said_hello(g.actor_id):
-            return ""  # of an earlier learner process: acknowledged and dropped, not judged
-        try:
-            task, ids = self.dispatcher.tasks[g.prompt_id] if g.prompt_id in self.dispatcher.pending else (None, None)
-        except KeyError:
-            task, ids = None, None
-        return self.validator.check(g, version=self.version, next_prompt=self.dispatcher.next_id, prompt_ids=ids,
-                                    task_verifier=getattr(task, "verifier", None),
-                                    reward_range=self.desk.reward_range(g.verifier))
-
-    def retire_incarnation(self, actor: str, incarnation: str) -> None:
-        """A new process took over `actor`: the old one's prompts go back to the queue and its duplicate
-        table goes (its late groups still count if their prompt is still unanswered)."""
-        back = self.dispatcher.retire(actor)
-        self.sockets.rollouts.forget(f"{actor}:{incarnation}")
-        self._record({"returned": back, "actor": actor, "reason": "restarted"})
-        log.warning("actor %s restarted (incarnation %s retired); %d prompts it held go back to the queue",
-                    actor, incarnation, len(back))
-
-    def evict_silent(self, within_s: float | None = None) -> None:
-        """Actors silent for `transport.heartbeat_timeout_s` (or `within_s`) leave the membership (the next
-        broadcast regroups without them) and the prompts they hold go back to the queue."""
-        for actor in self.members.drop_silent(within_s):
-            back = self.dispatcher.retire(actor)
-            self._record({"returned": back, "actor": actor, "reason": "evicted"})
-            log.warning("actor %s silent for %.1f s: evicted; %d prompts it held go back to the queue", actor,
-                        within_s or self.members.timeout_s, len(back))
-            self.batcher.wake()
 
     async def _watchdog_task(self) -> None:
         """Evicts silent actors; and when no step has completed for `learner.no_progress_s`, says in the log
@@ -432,6 +282,7 @@ class LearnerService:
         last_step, since, warned = self.version, time.monotonic(), 0.0
         while True:
             await asyncio.sleep(min(1.0, self.members.timeout_s / 4))
+            self.sockets.control.drain()  # subscriptions: bounded per peer
             self.evict_silent()
             await self.send_nacks()
             now = time.monotonic()

@@ -90,6 +90,13 @@ class KeyAuthenticator(ThreadAuthenticator):
     def curve_user_id(self, client_public_key: bytes) -> str:
         return self.users.get(zmq.utils.z85.encode(client_public_key), "")
 
+    def ban(self, user_id: str) -> None:
+        """Refuse every new connection of `user_id`'s key from now on (this process's life)."""
+        for key, user in list(self.users.items()):
+            if user == user_id:
+                for allowed in self.certs.values():
+                    allowed.pop(key, None)
+
 
 def start_authenticator(ctx: zmq.Context, keys_dir: str | Path) -> KeyAuthenticator:
     """Start a ZAP handler on `ctx` that admits only the public keys in keys_dir/actors/ and admins/."""

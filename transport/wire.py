@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-SCHEMA_VERSION = 6  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
-# Snapshot.hello_needed; 5: RolloutGroup.versions (per token); 6: PromptItem.prompt_token_ids, source. A message of another version is rejected, both versions named.
+SCHEMA_VERSION = 7  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
+# Snapshot.hello_needed; 5: RolloutGroup.versions (per token); 6: PromptItem.prompt_token_ids, source;
+# 7: Heartbeat.group. A message of another version is rejected, both versions named.
 MAX_HEADER_BYTES = 1 << 20
 MAX_REASON_CHARS = 200  # a verifier's reason per completion, as sent (the header of N = 2048 stays < 1 MiB)
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
@@ -106,6 +107,9 @@ class Heartbeat:
     engine_restarts, idle_s (seconds the engine had no request, any reason), idle_weight_s (the part
     spent loading weights or gated by max_staleness), update_s (receiving and loading weights) and score_s
     (groups in the verifier pool)."""
+    group: str = ""
+    """The weight group (rendezvous name) the actor has joined or is joining, "" if none: the learner
+    leaves a member that never names the group it was called to out of the next one."""
 
 
 @dataclass
@@ -246,7 +250,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "work_request": {"actor_id": (str,), "credits": (int,), "version": (int,), "returned": (list,)},
     "hello": {"actor_id": (str,), "version": (int,), "sync_token": (str,), "incarnation": (str,)},
     "heartbeat": {"actor_id": (str,), "version": (int,), "inflight": (int,), "unacked": (int,),
-                  "checksum": (str,), "verifiers": (dict,), "error": (str,), "stats": (dict,)},
+                  "checksum": (str,), "verifiers": (dict,), "error": (str,), "stats": (dict,), "group": (str,)},
     "assignment": {"items": (list,)},
     "ack": {"group_ids": (list,), "rejected": (dict,)},
     "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,),

@@ -4,10 +4,14 @@ Learner side binds, actors connect, so actors can come and go:
 
     WorkServer        ROUTER bind    work requests, hellos, heartbeats in; assignments, acks, snapshots out
     RolloutReceiver   PULL   bind    rollout groups in
-    ControlPublisher  PUB    bind    control messages out
+    ControlPublisher  XPUB   bind    control messages out (transport/control.py)
     WorkClient        DEALER connect
     RolloutSender     PUSH   connect
     ControlSubscriber SUB    connect
+
+Routing: actors set no ZMQ routing identity; the learner's ROUTER names each connection itself (no
+ROUTER_HANDOVER), so no peer can take another's connection over by claiming its name. The learner
+replies to an actor on the connection its last authenticated message came on (`learner.membership`).
 
 Flow control is credit based: an actor asks for prompts only up to its free capacity (`WorkRequest.credits`)
 and the learner never grants more, so at most `num_actors × max_inflight` prompts are outstanding. A
@@ -23,7 +27,9 @@ kept compact per incarnation (highest contiguous seq + the few above it; `forget
 
 Bad input: every receive path decodes with `wire.decode`; a frame sequence that fails is counted in
 `rejects`, logged (rate-limited), and dropped — the socket keeps serving (a group whose header still names
-its id is NACKed: `RolloutReceiver.nacks`). Frames larger than any valid message of the job are refused by
+its id is NACKed: `RolloutReceiver.nacks`). A group that does not name its sender consistently (its id's
+actor prefix is not its actor id, or with CURVE its actor id is not the connection key's actor) is refused
+before the duplicate table is touched, and NACKed to the authenticated sender only. Frames larger than any valid message of the job are refused by
 libzmq itself (ZMQ_MAXMSGSIZE: the peer is disconnected before the frame is buffered), and ZMTP heartbeats
 drop TCP peers that went silent. Each received message leaves its connection's `Peer` (address, and the
 ZAP User-Id with CURVE) in `last_peer`, for the learner's identity checks.
@@ -43,6 +49,7 @@ import zmq
 import zmq.asyncio
 
 from transport import security, wire
+from transport.control import ControlPublisher, ControlSubscriber
 from transport.zmq_base import (HEADER_FRAME, ZMTP_HEARTBEAT, Endpoints, Limits, Nack, Peer, Security, _bind, _recv_frames,
                                 _Rejects, _tune)
 
@@ -65,7 +72,7 @@ class LearnerSockets:
         headers = Limits(hwm, HEADER_FRAME, *heartbeat)
         self.work = WorkServer(self.ctx, ep, sec, headers)
         self.rollouts = RolloutReceiver(self.ctx, ep, sec, Limits(hwm, max_frame, *heartbeat))
-        self.control = ControlPublisher(self.ctx, ep, sec, headers)
+        self.control = ControlPublisher(self.ctx, ep, sec, headers, self.auth)
         self.endpoints = Endpoints(ep.host, self.work.port, self.rollouts.port, self.control.port)
 
     async def answer_hello(self, identity: bytes, hello: wire.Hello) -> None:
@@ -92,9 +99,8 @@ class WorkServer:
         self.sock.setsockopt(zmq.SNDHWM, lim.hwm)
         self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        # a restarted actor reconnects under the same identity while its dead predecessor's connection may
-        # still be registered: the new connection takes the identity over (the default would refuse it)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # no ROUTER_HANDOVER: routing identities are the ROUTER's own names for connections (actors set
+        # none), so no peer can take another's connection over by claiming its identity
         if sec.curve:
             security.make_server(self.sock, sec.keys_dir)
         self.port = _bind(self.sock, ep.host, ep.work_port)
@@ -128,6 +134,7 @@ class RolloutReceiver:
             security.make_server(self.sock, sec.keys_dir)
         self.port = _bind(self.sock, ep.host, ep.rollout_port)
         self.rejects = _Rejects("rollout PULL")
+        self.curve = sec.curve
         self.duplicates = 0
         self.dup_ids: list[str] = []
         self.last_peer = Peer()
@@ -160,25 +167,55 @@ class RolloutReceiver:
         return False
 
     async def recv(self) -> wire.RolloutGroup:
-        """Next new, valid group (duplicates are counted in `duplicates` and still acknowledged by the
-        caller through `last_ids`)."""
+        """Next new, valid group. Before any table is touched, the group must name its sender consistently:
+        its id's actor prefix is its `actor_id`, which (with CURVE) is the connection key's actor; one that
+        does not is refused (`sender_problem`), NACKed to the authenticated sender, if any. Duplicates are
+        counted in `duplicates` and acknowledged by the caller (`take_duplicate_ids`)."""
         while True:
             frames = await _recv_frames(self.sock)
             try:
                 group = wire.decode(frames)
                 if not isinstance(group, wire.RolloutGroup):
                     raise wire.WireError(f"expected a group on the rollout socket, got {type(group).__name__}")
-                dup = self.is_duplicate(group.group_id)
             except wire.WireError as e:
                 self.rejects.add(e)
                 self._nack(frames[0], str(e))
                 continue
-            self.last_peer = Peer.of(frames[0])
+            peer = Peer.of(frames[0])
+            sender, why = self.sender_problem(group, peer)
+            if why:
+                self.rejects.add(wire.WireError(f"group {group.group_id[:200]!r}: {why}"))
+                if sender:
+                    self.nacks = self.nacks[-255:] + [Nack(sender, group.group_id, f"identity: {why}"[:300],
+                                                           group.prompt_id, peer)]
+                continue
+            try:
+                dup = self.is_duplicate(group.group_id)
+            except wire.WireError as e:
+                self.rejects.add(e)
+                self.nacks = self.nacks[-255:] + [Nack(sender, group.group_id, f"malformed: {e}"[:300],
+                                                       group.prompt_id, peer)]
+                continue
+            self.last_peer = peer
             if dup:
                 self.duplicates += 1
-                self.dup_ids.append(group.group_id)
+                self.dup_ids = self.dup_ids[-1023:] + [group.group_id]
                 continue
             return group
+
+    def sender_problem(self, group: wire.RolloutGroup, peer: Peer) -> tuple[str, str]:
+        """(the authenticated sender — the CURVE key's actor, or without CURVE the claimed actor id —,
+        why the group does not name it consistently, "" if it does)."""
+        sender = group.actor_id
+        if self.curve:
+            sender = peer.user.removeprefix("actor:") if peer.user.startswith("actor:") else ""
+            if group.actor_id != sender:
+                return sender, f"claims actor {group.actor_id[:64]!r}, connection key is {peer.user or 'unknown'!r}"
+        parts = group.group_id.rsplit(":", 2)  # "<actor>:<incarnation>:<seq>" ("<actor>:<seq>" in tests)
+        prefix = parts[0] if len(parts) > 1 else ""
+        if prefix != group.actor_id:
+            return sender, f"group id names actor {prefix[:64]!r}, the group actor {group.actor_id[:64]!r}"
+        return sender, ""
 
     def _nack(self, head, why: str) -> None:
         """An undecodable group whose header still names its sender and id: NACK it (so the sender drops
@@ -202,47 +239,13 @@ class RolloutReceiver:
         """Drop the duplicate table of one sender ("<actor_id>:<incarnation>", a retired incarnation)."""
         self._seen.pop(prefix, None)
 
-    def take_duplicate_ids(self) -> list[str]:
-        ids, self.dup_ids = self.dup_ids, []
-        return ids
-
-
-class ControlPublisher:
-    """PUB, bound. SNDHWM `hwm` per subscriber; a subscriber that falls that far behind loses messages
-    (PUB semantics), which is why control is state-based: every message carries a seq, and a joining or
-    lagging actor resynchronises from a `Snapshot` (`ActorSockets.sync`, `ActorSockets.resync_if_lost`)."""
-
-    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits):
-        self.sock = ctx.socket(zmq.PUB)
-        _tune(self.sock, lim)
-        self.sock.setsockopt(zmq.SNDHWM, lim.hwm)
-        if sec.curve:
-            security.make_server(self.sock, sec.keys_dir)
-        self.port = _bind(self.sock, ep.host, ep.control_port)
-        self.seq = 0
-        self.epoch = uuid.uuid4().hex[:12]  # this learner process; seq counts within it
-        self.version = 0
-        self.verifiers: dict[str, str] = {}
-        self.paused = False
-        self.weights: dict[str, Any] = {}
-
-    def snapshot(self, hello_needed: bool = False) -> wire.Snapshot:
-        return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused, dict(self.weights), self.epoch,
-                             hello_needed)
-
-    async def publish(self, kind: str, **payload: Any) -> wire.Control:
-        self.seq += 1
-        if kind == "version":
-            self.version = int(payload["version"])
-        elif kind == "swap":
-            self.verifiers[payload["name"]] = payload["path"]
-        elif kind in ("pause", "resume"):
-            self.paused = kind == "pause"
-        elif kind == "weights":
-            self.weights = dict(payload)
-        msg = wire.Control(self.seq, kind, payload, self.epoch)
-        await self.sock.send_multipart(wire.encode(msg))
-        return msg
+    def take_duplicate_ids(self) -> dict[str, list[str]]:
+        """Group ids received again since the last call, by their (authenticated) actor."""
+        out: dict[str, list[str]] = {}
+        for gid in self.dup_ids:
+            out.setdefault(gid.rsplit(":", 2)[0], []).append(gid)
+        self.dup_ids = []
+        return out
 
 
 # ----------------------------------------------------------------------------------------------- actor
@@ -352,7 +355,8 @@ class WorkClient:
         _tune(self.sock, lim)
         self.sock.setsockopt(zmq.SNDHWM, lim.hwm)
         self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
-        self.sock.setsockopt(zmq.IDENTITY, actor_id.encode())
+        # no routing identity of its own: the learner's ROUTER names each connection, and routes to an actor
+        # by the connection its last authenticated message came on (a claimed identity could be taken over)
         if sec.curve:
             security.make_client(self.sock, sec.keys_dir, sec.client_name or actor_id)
         self.sock.connect(ep.url(ep.work_port))
@@ -431,57 +435,3 @@ class RolloutSender:
                 n += 1
         self.resent += n
         return n
-
-
-class ControlSubscriber:
-    """SUB, connected, subscribed to everything. RCVHWM `hwm`. Messages with seq <= the last applied
-    one (replays, or anything older than the start-up snapshot) are dropped — within one learner epoch. A
-    message of another epoch (the learner restarted; seq starts again) is passed on and starts counting
-    afresh; the caller sees the new `epoch` on it and resynchronises."""
-
-    def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits):
-        self.sock = ctx.socket(zmq.SUB)
-        _tune(self.sock, lim)
-        self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
-        if sec.curve:
-            security.make_client(self.sock, sec.keys_dir, sec.client_name)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sock.connect(ep.url(ep.control_port))
-        self.last_seq = 0
-        self.epoch = ""  # the learner epoch of the last applied message (set by the start-up barrier)
-        self.rejects = _Rejects("control SUB")
-        self.backlog: list[wire.Control] = []
-        self.gaps = 0  # times messages were found missing (see `_fresh`)
-
-    def adopt(self, snap: wire.Snapshot) -> None:
-        """A snapshot (through the work socket) is the control state up to its seq, of its epoch."""
-        self.last_seq = max(self.last_seq, snap.control_seq) if snap.epoch == self.epoch else snap.control_seq
-        self.epoch = snap.epoch
-
-    def _fresh(self, msg: wire.Control | None) -> bool:
-        """Is `msg` one to apply (and if so, count it as applied)? A seq beyond the next one means messages
-        were lost (this subscriber fell `hwm` behind, or its connection was dropped and re-made): counted in
-        `gaps`, for the caller to resynchronise from a snapshot."""
-        if msg is None:
-            return False
-        if msg.epoch != self.epoch:  # a new learner process: its seq starts again
-            if msg.kind == "sync_ack":
-                return True  # an answer to a hello of ours or another actor's: the caller checks the token
-            self.epoch, self.last_seq = msg.epoch, msg.seq
-            return True
-        if msg.seq <= self.last_seq:
-            return msg.kind == "sync_ack"
-        if self.last_seq and msg.seq > self.last_seq + 1:
-            self.gaps += 1
-            log.warning("control channel: messages %d..%d of learner epoch %s were lost", self.last_seq + 1,
-                        msg.seq - 1, self.epoch)
-        self.last_seq = msg.seq
-        return True
-
-    async def recv(self, timeout_s: float | None = None) -> wire.Control:
-        while self.backlog:  # heard during the start-up barrier
-            if self._fresh(msg := self.backlog.pop(0)):
-                return msg
-        while True:
-            if self._fresh(msg := self.rejects.decode(await _recv_frames(self.sock, timeout_s), wire.Control)):
-                return msg

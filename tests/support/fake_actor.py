@@ -19,13 +19,14 @@ import numpy as np
 
 from transport import wire
 from transport.weights import WeightPlan, open_group, receive_buckets
-from transport.zmq_transport import ActorSockets, Endpoints
+from transport.zmq_transport import ActorSockets, Endpoints, Security
 
 
 class FakeActor:
     def __init__(self, endpoints: Endpoints, actor_id: str, *, n_samples: int, max_staleness: int = 1,
                  p_correct: float = 0.5, vocab: int = 150, length: int = 3, stale_by: int = 0, seed: int = 0,
-                 credits: int = 2, reward: float = 1.0, corrupt=None, sync_timeout_s: float = 30.0):
+                 credits: int = 2, reward: float = 1.0, corrupt=None, sync_timeout_s: float = 30.0,
+                 never_joins: bool = False, sec: Security = Security()):
         self.ep, self.actor_id, self.n = endpoints, actor_id, n_samples
         self.max_staleness, self.p_correct, self.vocab, self.length = max_staleness, p_correct, vocab, length
         self.stale_by, self.credits, self.reward = stale_by, credits, reward
@@ -35,6 +36,9 @@ class FakeActor:
         self.corrupt = corrupt
         self.sync_timeout_s = sync_timeout_s  # a learner that is still starting (a subprocess) may need longer
         self.nacked: dict[str, str] = {}
+        self.never_joins = never_joins  # a zombie: hello and heartbeats, but it never joins a weight group
+        self.sec = sec
+        self.acked: list[str] = []  # group ids the learner acknowledged to this actor
         self.received_versions: list[int] = []
         self.stopped = False  # the learner said stop
         self._pg = None
@@ -47,7 +51,7 @@ class FakeActor:
         self.may_work.set()
 
     async def start(self) -> None:
-        self.sockets = ActorSockets(self.ep, self.actor_id, max_unacked=64, resend_after_s=5.0)
+        self.sockets = ActorSockets(self.ep, self.actor_id, self.sec, max_unacked=64, resend_after_s=5.0)
         self._apply(await self.sockets.sync(self.version, timeout_s=self.sync_timeout_s))
         self._tasks = [asyncio.create_task(c, name=f"{self.actor_id}:{n}") for c, n in (
             (self._inbox(), "inbox"), (self._control(), "control"), (self._work(), "work"),
@@ -72,7 +76,7 @@ class FakeActor:
 
     def _rendezvous(self, payload: dict) -> None:
         info = payload["rendezvous"]
-        if self.actor_id not in payload["offsets"] or info["group_name"] == self._group:
+        if self.actor_id not in payload["offsets"] or info["group_name"] == self._group or self.never_joins:
             return
         self._group = info["group_name"]
         rank = int(payload["offsets"][self.actor_id])
@@ -115,6 +119,7 @@ class FakeActor:
             if isinstance(msg, wire.WorkAssignment):
                 await self._assign.put(msg)
             elif isinstance(msg, wire.GroupAck):
+                self.acked += msg.group_ids
                 self.sockets.rollouts.ack(msg.group_ids)
                 self.nacked.update(self.sockets.rollouts.reject(msg.rejected))
             elif isinstance(msg, wire.Snapshot):
@@ -155,4 +160,5 @@ class FakeActor:
         while True:
             await asyncio.sleep(0.2)
             await self.sockets.work.send(wire.Heartbeat(self.actor_id, self.version, 0,
-                                                        len(self.sockets.rollouts.unacked), self.checksum))
+                                                        len(self.sockets.rollouts.unacked), self.checksum,
+                                                        group=self._group or ""))

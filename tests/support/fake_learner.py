@@ -22,6 +22,7 @@ class FakeLearner:
         self.requests: list[tuple[float, wire.WorkRequest]] = []
         self.heartbeats: list[wire.Heartbeat] = []
         self.hellos: list[str] = []
+        self.routes: dict[str, bytes] = {}  # actor id -> its connection
         self.returned: list[int] = []
         self.grant = True
         self.tasks = synthetic.generate(11, 1, "train")
@@ -39,6 +40,8 @@ class FakeLearner:
         loop = asyncio.get_running_loop()
         while True:
             ident, msg = await self.sockets.work.recv()
+            if hasattr(msg, "actor_id"):  # the ROUTER names connections: acks go where the actor spoke last
+                self.routes[msg.actor_id] = ident
             if isinstance(msg, wire.Hello):
                 self.hellos.append(msg.actor_id)
                 await self.sockets.answer_hello(ident, msg)
@@ -59,7 +62,8 @@ class FakeLearner:
         while True:
             g = await self.sockets.rollouts.recv()
             self.groups.append(g)
-            await self.sockets.work.send(g.actor_id.encode(), wire.GroupAck([g.group_id]))
+            if g.actor_id in self.routes:
+                await self.sockets.work.send(self.routes[g.actor_id], wire.GroupAck([g.group_id]))
 
     async def wait_hello(self, actor_id: str, timeout_s: float = 240.0) -> None:
         """Until `actor_id` has said hello: its engine is built (an actor says hello only then), so a weight

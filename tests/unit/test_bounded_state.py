@@ -6,7 +6,8 @@ import zmq.asyncio
 
 from actors.stats import ActorStats
 from config.loader import load_config
-from learner.batching import Dispatcher, Membership, TaskStream
+from learner.batching import Dispatcher, TaskStream
+from learner.membership import Membership
 from transport.zmq_transport import MAX_SENDERS, Endpoints, Limits, RolloutReceiver, Security
 
 

@@ -1,0 +1,288 @@
+"""An actor key in hostile hands, or an honest actor gone wrong, against the real learner with CURVE on and
+an honest actor training beside it (issue 32, findings 8 and 10-14). Each test asserts what the attack did
+not get and that the job still trains to its last step.
+
+The attacker holds an ordinary actor key ("evil"): it may connect, say hello and send what it likes as
+itself. It must not be able to act as another actor — take over its connection, return its prompts, NACK
+it, poison its duplicate table, receive its acks —, hoard prompts by claiming weights the learner never
+published, stall weight groups, or grow the learner's memory through the control socket."""
+
+import asyncio
+import json
+import time
+
+import numpy as np
+import psutil
+import zmq
+import zmq.asyncio
+
+from learner.metrics import read
+from learner.service import LearnerService
+from tests.integration.test_learner_service import B, N, job
+from tests.support.fake_actor import FakeActor
+from transport import security, wire
+from transport.security import generate
+from transport.zmq_transport import ActorSockets, Security
+
+
+def curve_job(model_dir, run_dir, steps=4, **over):
+    keys = generate(run_dir / "keys", ["a0", "evil", "z0"])
+    cfg = job(model_dir, run_dir, steps=steps, **{"transport.curve": True, "transport.keys_dir": str(keys), **over})
+    return cfg, keys
+
+
+async def run(cfg, svc, honest, attack, timeout_s=120.0):
+    """The learner and the honest actors; `attack()` runs beside them; returns once the job finished."""
+    service = asyncio.create_task(svc.run())
+    attacker = None
+    try:
+        for a in honest:
+            await a.start()
+        attacker = asyncio.create_task(attack())
+        assert await asyncio.wait_for(service, timeout_s) == 0  # the job trained to its last step
+        if attacker.done() and attacker.exception() is not None:
+            raise attacker.exception()
+    finally:
+        service.cancel()
+        if attacker is not None:
+            attacker.cancel()
+            await asyncio.gather(attacker, return_exceptions=True)
+        for a in honest:
+            await a.kill()
+        await asyncio.gather(service, return_exceptions=True)
+
+
+def ledger(run_dir):
+    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+
+
+def counted(svc, rows, reason):
+    return sum(r.get(f"rejected_{reason}", 0) for r in rows) + svc.validator.counts[reason]
+
+
+async def test_a_connection_claiming_an_actors_routing_identity_takes_nothing_over(tiny_model_dir, tmp_path):
+    """Finding 10: a connection with the attacker's key and the ZMQ routing identity "a0" used to take a0's
+    connection over (ROUTER_HANDOVER): it received a0's acks, a0 was evicted and training stopped."""
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=6)
+    svc = LearnerService(cfg)
+    ep = LearnerService.endpoints_of(cfg)
+    a0 = FakeActor(ep, "a0", n_samples=N, seed=3, sec=Security(True, keys, "a0"))
+    got: list = []
+
+    async def attack():
+        ctx = zmq.asyncio.Context()
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.IDENTITY, b"a0")  # a0's name, under evil's key
+        security.make_client(s, keys, "evil")
+        s.connect(ep.url(ep.work_port))
+        try:
+            await s.send_multipart(wire.encode(wire.Hello("evil", -1, "t", "x")))
+            while True:
+                await s.send_multipart(wire.encode(wire.Heartbeat("evil", 0, 0, 0)))
+                await s.send_multipart(wire.encode(wire.Heartbeat("a0", 0, 0, 0)))  # as a0: refused
+                while await s.poll(0):
+                    got.append(wire.decode(await s.recv_multipart()))
+                await asyncio.sleep(0.1)
+        finally:
+            s.close()
+            ctx.term()
+
+    await run(cfg, svc, [a0], attack)
+    assert not any(isinstance(m, wire.GroupAck) for m in got), got  # none of a0's acks went to the attacker
+    assert set(a0.acked) == {g.group_id for g in a0.sent[:len(a0.acked)]} and len(a0.acked) >= 6 * B
+    assert "a0" in svc.members.alive()  # never evicted
+    assert counted(svc, read(tmp_path / "metrics.jsonl"), "identity") > 0  # the heartbeats claiming a0
+
+
+async def test_groups_naming_another_actor_touch_nothing_of_it(tiny_model_dir, tmp_path):
+    """Finding 11: a group claiming a0 under evil's key used to return a0's lease and NACK a0; 400 groups
+    of evil's own with ids "a0:<a0's incarnation>:<seq>" poisoned a0's duplicate table (a0's real groups
+    were then dropped as duplicates); a replayed group's ack rode on the next ack, whoever sent it."""
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=6)
+    svc = LearnerService(cfg)
+    ep = LearnerService.endpoints_of(cfg)
+    a0 = FakeActor(ep, "a0", n_samples=N, seed=4, sec=Security(True, keys, "a0"))
+    evil_acks: list[str] = []
+    own_ids: list[str] = []
+
+    async def attack():
+        s = ActorSockets(ep, "evil", Security(True, keys, "evil"))
+        try:
+            await s.sync(-1)
+            while not a0.sent:
+                await asyncio.sleep(0.01)
+            real = a0.sent[0]
+            inc = a0.sockets.incarnation
+            # as a0 (its own id in the group, evil's key), answering the prompt a0 holds
+            await s.rollouts.send(wire.RolloutGroup(**{**real.__dict__, "group_id": f"a0:{inc}:9999"}))
+            # its own actor id, a0's group ids: seqs a0 is about to use
+            for seq in range(400):
+                await s.rollouts.sock.send_multipart(wire.encode(wire.RolloutGroup(
+                    **{**real.__dict__, "actor_id": "evil", "group_id": f"a0:{inc}:{seq}"})), copy=False)
+            # one of its own, twice: the second ack must come to it, not ride on a0's
+            own = wire.RolloutGroup(**{**real.__dict__, "actor_id": "evil", "group_id": f"evil:{s.incarnation}:0"})
+            own_ids.append(own.group_id)
+            for _ in range(2):
+                await s.rollouts.sock.send_multipart(wire.encode(own), copy=False)
+            while True:
+                msg = await s.work.recv()
+                if isinstance(msg, wire.GroupAck):
+                    evil_acks.extend(msg.group_ids)
+        finally:
+            s.close()
+
+    await run(cfg, svc, [a0], attack)
+    assert not any(gid.startswith("evil:") for gid in a0.acked), a0.acked  # no ack of evil's rode on a0's
+    assert evil_acks.count(own_ids[0]) == 2, evil_acks  # its group, then its replay: both acked to it
+    assert all(gid.startswith("evil:") for gid in evil_acks), evil_acks  # evil hears only of its own groups
+    assert not [gid for gid in a0.nacked if gid.endswith(":9999")], a0.nacked  # the forgery NACKed nobody as a0
+    invalid = [r for r in ledger(tmp_path) if r.get("reason") == "invalid" and r.get("actor") == "a0"]
+    assert invalid == []  # a0's lease was never returned on the forgery's account
+    assert svc.sockets.rollouts.duplicates <= 1  # a0's own groups were never taken for duplicates
+    assert svc.sockets.rollouts.rejects.count >= 401  # each refused at the socket, before any table
+    assert counted(svc, read(tmp_path / "metrics.jsonl"), "identity") >= 256  # counted (the last 256 NACKed)
+
+
+async def test_work_requests_from_versions_never_published_are_refused(tiny_model_dir, tmp_path):
+    """Finding 12: the weights version in a work request was never checked: a peer claiming +1e6 versions
+    was granted 271 prompts and training fell from ~40 steps to 1 in 20 s."""
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=6)
+    svc = LearnerService(cfg)
+    ep = LearnerService.endpoints_of(cfg)
+    a0 = FakeActor(ep, "a0", n_samples=N, seed=5, sec=Security(True, keys, "a0"))
+    granted: list[int] = []
+
+    async def attack():
+        s = ActorSockets(ep, "evil", Security(True, keys, "evil"))
+        try:
+            await s.sync(-1)
+            while True:
+                await s.work.send(wire.WorkRequest("evil", 1000, 10**6))
+                reply = await s.work.recv(timeout_s=5)
+                if isinstance(reply, wire.WorkAssignment):
+                    granted.extend(i.prompt_id for i in reply.items)
+                await asyncio.sleep(0.05)
+        finally:
+            s.close()
+
+    await run(cfg, svc, [a0], attack)
+    assert granted == []
+    assert not [r for r in ledger(tmp_path) if r.get("actor") == "evil" and "granted" in r]
+    assert counted(svc, read(tmp_path / "metrics.jsonl"), "version_from_future") > 0
+
+
+async def test_a_member_that_never_joins_the_weight_group_is_left_out_of_the_next(tiny_model_dir, tmp_path):
+    """Finding 13: an actor that says hello and heartbeats but never joins the weight group failed every
+    rendezvous (each costing transport.weight_timeout_s): 0 steps. Now the first failed group leaves it out
+    of the next one (its heartbeats never named the group) and the job trains."""
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=4, **{"transport.weight_timeout_s": 5.0})
+    svc = LearnerService(cfg)
+    ep = LearnerService.endpoints_of(cfg)
+    a0 = FakeActor(ep, "a0", n_samples=N, seed=6, sec=Security(True, keys, "a0"))
+    z0 = FakeActor(ep, "z0", n_samples=N, seed=7, sec=Security(True, keys, "z0"), never_joins=True)
+    z0.may_work.clear()  # it only says hello and heartbeats
+
+    async def attack():
+        await z0.start()
+        await asyncio.Event().wait()
+
+    t0 = time.monotonic()
+    try:
+        await run(cfg, svc, [a0], attack, timeout_s=90)
+    finally:
+        await z0.kill()
+    assert svc.members.shunned == {"z0"}
+    assert a0.received_versions[-1] == 4
+    assert time.monotonic() - t0 < 60  # one failed rendezvous (5 s), not one per step
+
+
+SUBSCRIBER = """
+import os, sys, time, zmq
+from transport import security
+url, keys = sys.argv[1], sys.argv[2]
+ctx, socks = zmq.Context(), []
+for i in range(16):  # XSUB: subscriptions are frames it sends, "\\x01" + topic
+    s = ctx.socket(zmq.XSUB)
+    s.setsockopt(zmq.LINGER, 0)
+    security.make_client(s, keys, "evil")
+    s.connect(url)
+    socks.append(s)
+    if i % 2:  # a 1 MB topic (the connection's later frames never pass it)
+        s.send(b"\\x01" + bytes([65 + i]) * 1_000_000)
+    else:  # many distinct ones of 900 bytes (they pass the frame limit, CURVE included)
+        for k in range(1000):
+            s.send(b"\\x01" + os.urandom(900))
+print("sent", flush=True)
+time.sleep(600)
+"""
+
+
+async def test_control_socket_subscriptions_cannot_grow_the_learner(tiny_model_dir, tmp_path):
+    """Finding 14: sixteen 1 MB subscriptions on the control socket grew the learner by 704 MB (+842 MB
+    after the connections closed); 16,000 distinct 1 KB ones grow a PUB socket by ~740 MiB. Frames over
+    1 KiB now disconnect their sender, and a peer sending more than 32 subscriptions a minute is refused
+    (its key) and the control socket rebuilt, freeing what libzmq kept for it."""
+    import subprocess
+    import sys
+
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=30)
+    svc = LearnerService(cfg)
+    ep = LearnerService.endpoints_of(cfg)
+    a0 = FakeActor(ep, "a0", n_samples=N, seed=8, sec=Security(True, keys, "a0"))
+    me = psutil.Process()
+    grew: list[int] = []
+
+    async def attack():
+        while svc.version < 2:  # optimizer state exists: what follows is steady state
+            await asyncio.sleep(0.01)
+        a0.may_work.clear()  # the job waits while the learner is measured, then trains on
+        rss0 = me.memory_info().rss
+        p = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, ep.url(ep.control_port), str(keys)],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            peak = rss0
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 8:
+                peak = max(peak, me.memory_info().rss)
+                await asyncio.sleep(0.05)
+            grew.append(peak - rss0)
+        finally:
+            p.kill()
+            p.wait()
+            a0.may_work.set()
+        await asyncio.Event().wait()
+
+    await run(cfg, svc, [a0], attack)
+    assert grew and grew[0] < 64 * 2**20, f"the learner grew by {grew[0] / 2**20:.0f} MiB"
+    assert svc.sockets.control.banned == ["actor:evil"] and svc.sockets.control.rebuilds == 1
+
+
+async def test_groups_with_only_empty_completions_make_an_empty_step_not_a_crash(tiny_model_dir, tmp_path):
+    """Finding 8: four groups whose completions were all empty (a real engine can produce them) were acked,
+    and the step divided by a mini-batch of 0 tokens (ZeroDivisionError): the learner exited. Such a step
+    is now skipped and counted (`step_empty`), and training goes on with the honest actor."""
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=5)
+    svc = LearnerService(cfg)
+    ep = LearnerService.endpoints_of(cfg)
+
+    def empty(g, k):
+        return wire.RolloutGroup(**{**g.__dict__, "lengths": np.zeros(g.n, np.int32), "tokens": g.tokens[:0],
+                                    "logprobs": g.logprobs[:0]})
+
+    e0 = FakeActor(ep, "evil", n_samples=N, seed=9, sec=Security(True, keys, "evil"), corrupt=empty)
+    a0 = FakeActor(ep, "a0", n_samples=N, seed=10, sec=Security(True, keys, "a0"))
+    a0.may_work.clear()
+
+    async def attack():
+        while svc.version < 2:  # two steps of empty groups only
+            await asyncio.sleep(0.01)
+        await e0.kill()
+        a0.may_work.set()  # then the honest actor trains on
+        await asyncio.Event().wait()
+
+    await run(cfg, svc, [e0, a0], attack)
+    rows = read(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert sum(r.get("step_empty", 0) for r in rows) >= 2, rows
+    assert rows[-1].get("step_empty", 0) == 0 and rows[-1]["train_tokens"] > 0
