@@ -34,7 +34,9 @@ class ControlPublisher:
     SUBSCRIPTION_FRAME bytes disconnect their sender; at most SUBSCRIPTION_HWM of them wait per connection;
     a peer with more than MAX_SUBSCRIPTIONS in a minute (an actor sends one per connection) is refused
     from then on (its key, with CURVE) and the socket is rebuilt on the same port, which frees what libzmq
-    held for it; the actors reconnect by themselves and resynchronise from a snapshot."""
+    held for it; the actors reconnect by themselves and resynchronise from a snapshot. Not bounded: the
+    first burst — libzmq takes in (and stores) what streams in while the socket is serviced, before
+    `drain` can count it."""
 
     def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits, auth=None):
         self.ctx, self.sec, self.lim, self.auth, self.host = ctx, sec, lim, auth, ep.host

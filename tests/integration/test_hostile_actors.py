@@ -218,11 +218,12 @@ time.sleep(600)
 """
 
 
-async def test_control_socket_subscriptions_cannot_grow_the_learner(tiny_model_dir, tmp_path):
+async def test_a_key_flooding_the_control_socket_is_refused_and_then_grows_nothing(tiny_model_dir, tmp_path):
     """Finding 14: sixteen 1 MB subscriptions on the control socket grew the learner by 704 MB (+842 MB
-    after the connections closed); 16,000 distinct 1 KB ones grow a PUB socket by ~740 MiB. Frames over
-    1 KiB now disconnect their sender, and a peer sending more than 32 subscriptions a minute is refused
-    (its key) and the control socket rebuilt, freeing what libzmq kept for it."""
+    after the connections closed); libzmq keeps every subscription a peer sends. Frames over 1 KiB now
+    disconnect their sender; a key sending more than 32 subscriptions a minute is refused (at the ZAP
+    handler) and the control socket rebuilt, freeing what libzmq kept; the same flood again grows nothing.
+    (The first burst, before the count catches it, is not bounded: see docs/security.md.)"""
     import subprocess
     import sys
 
@@ -233,29 +234,40 @@ async def test_control_socket_subscriptions_cannot_grow_the_learner(tiny_model_d
     me = psutil.Process()
     grew: list[int] = []
 
+    def flood():
+        return subprocess.Popen([sys.executable, "-c", SUBSCRIBER, ep.url(ep.control_port), str(keys)],
+                                stdout=subprocess.DEVNULL)
+
     async def attack():
         while svc.version < 2:  # optimizer state exists: what follows is steady state
             await asyncio.sleep(0.01)
         a0.may_work.clear()  # the job waits while the learner is measured, then trains on
-        rss0 = me.memory_info().rss
-        p = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, ep.url(ep.control_port), str(keys)],
-                             stdout=subprocess.PIPE, text=True)
+        first = flood()
         try:
-            peak = rss0
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 8:
+            deadline = time.monotonic() + 30
+            while not svc.sockets.control.banned and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            first.kill()
+            first.wait()
+        await asyncio.sleep(1)
+        rss0 = me.memory_info().rss
+        again = flood()  # the same key, after its ban
+        try:
+            peak, t0 = rss0, time.monotonic()
+            while time.monotonic() - t0 < 6:
                 peak = max(peak, me.memory_info().rss)
                 await asyncio.sleep(0.05)
             grew.append(peak - rss0)
         finally:
-            p.kill()
-            p.wait()
+            again.kill()
+            again.wait()
             a0.may_work.set()
         await asyncio.Event().wait()
 
     await run(cfg, svc, [a0], attack)
-    assert grew and grew[0] < 64 * 2**20, f"the learner grew by {grew[0] / 2**20:.0f} MiB"
     assert svc.sockets.control.banned == ["actor:evil"] and svc.sockets.control.rebuilds == 1
+    assert grew and grew[0] < 32 * 2**20, f"the banned key's second flood grew the learner by {grew[0] / 2**20:.0f} MiB"
 
 
 async def test_groups_with_only_empty_completions_make_an_empty_step_not_a_crash(tiny_model_dir, tmp_path):
