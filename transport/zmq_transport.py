@@ -29,9 +29,9 @@ Bad input: every receive path decodes with `wire.decode`; a frame sequence that 
 `rejects`, logged (rate-limited), and dropped — the socket keeps serving (a group whose header still names
 its id is NACKed: `RolloutReceiver.nacks`). A group that does not name its sender consistently (its id's
 actor prefix is not its actor id, or with CURVE its actor id is not the connection key's actor) is refused
-before the duplicate table is touched, and NACKed to the authenticated sender only. Frames larger than any valid message of the job are refused by
-libzmq itself (ZMQ_MAXMSGSIZE: the peer is disconnected before the frame is buffered), and ZMTP heartbeats
-drop TCP peers that went silent. Each received message leaves its connection's `Peer` (address, and the
+before the duplicate table is touched, and NACKed to the authenticated sender only. Frames larger than
+any valid message of the job are refused by libzmq itself (ZMQ_MAXMSGSIZE: the peer is disconnected
+before the frame is buffered), and ZMTP heartbeats drop TCP peers that went silent. Each received message leaves its connection's `Peer` (address, and the
 ZAP User-Id with CURVE) in `last_peer`, for the learner's identity checks.
 """
 
@@ -186,15 +186,13 @@ class RolloutReceiver:
             if why:
                 self.rejects.add(wire.WireError(f"group {group.group_id[:200]!r}: {why}"))
                 if sender:
-                    self.nacks = self.nacks[-255:] + [Nack(sender, group.group_id, f"identity: {why}"[:300],
-                                                           group.prompt_id, peer)]
+                    self._add_nack(Nack(sender, group.group_id, f"identity: {why}"[:300], group.prompt_id, peer))
                 continue
             try:
                 dup = self.is_duplicate(group.group_id)
             except wire.WireError as e:
                 self.rejects.add(e)
-                self.nacks = self.nacks[-255:] + [Nack(sender, group.group_id, f"malformed: {e}"[:300],
-                                                       group.prompt_id, peer)]
+                self._add_nack(Nack(sender, group.group_id, f"malformed: {e}"[:300], group.prompt_id, peer))
                 continue
             self.last_peer = peer
             if dup:
@@ -228,8 +226,11 @@ class RolloutReceiver:
             return
         if isinstance(h, dict) and isinstance(h.get("actor_id"), str) and isinstance(h.get("group_id"), str):
             pid = h["prompt_id"] if type(h.get("prompt_id")) is int else None
-            self.nacks = self.nacks[-255:] + [Nack(h["actor_id"], h["group_id"], f"malformed: {why}"[:300], pid,
-                                                   Peer.of(head))]
+            self._add_nack(Nack(h["actor_id"], h["group_id"], f"malformed: {why}"[:300], pid, Peer.of(head)))
+
+    def _add_nack(self, nack: Nack) -> None:
+        """Queue a NACK for the caller (bounded: the oldest go first)."""
+        self.nacks = self.nacks[-255:] + [nack]
 
     def take_nacks(self) -> list[Nack]:
         nacks, self.nacks = self.nacks, []

@@ -19,6 +19,7 @@ seccomp filter in every mode.
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 import platform
@@ -66,6 +67,7 @@ _ARCHES = {"x86_64": (0xC000003E, 0x40000000, (319, 447, 29)),
 _EPERM = 1
 
 
+@functools.cache
 def seccomp_filter() -> bytes | None:
     """A classic-BPF seccomp program (bubblewrap's `--seccomp FD` format) that fails memfd_create,
     memfd_secret and shmget with EPERM, and every call of another ABI (x32, i386); None on an architecture
