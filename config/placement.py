@@ -10,6 +10,13 @@ automatically, and its automatic binding takes the same first core for every eng
 share one core while the others idle. `cpu_cores` splits this host's cores between the actors instead
 (vLLM's `VLLM_CPU_OMP_THREADS_BIND`); a single actor keeps vLLM's own binding.
 
+A GPU may be shared by the learner and an actor (a one-GPU machine: `learner.gpus = [0]`, `actor.gpus = [0]`)
+when the job is set up for it: weights travel over gloo (NCCL refuses two ranks of one group on one GPU), the
+engine's KV cache has a fixed size (`actor.kv_cache_gib`: vLLM sizes it by profiling the GPU's free memory at
+start, which the learner's allocations change under it) and `actor.gpu_memory_utilization` ≤ 0.5 (vLLM checks
+that much is free when it starts; the learner needs the rest). A GPU listed for both roles without that
+setup is refused, naming what to set.
+
 `check_fields` runs when a config loads (what needs no hardware: double booking, counts); `place` when a
 job starts, with the number of GPUs this host shows (too few GPUs, ordinals that do not exist). Both
 raise `ValueError` naming the fields to change. With no GPU visible nothing is placed: the CPU engines
@@ -35,8 +42,8 @@ class Placement:
     def describe(self) -> str:
         parts = [f"learner GPU{'s' * (len(self.learner) > 1)} {_ids(self.learner)}" if self.learner
                  else "learner on CPU"]
-        parts += [f"actor-{i} GPU{'s' * (len(g) > 1)} {_ids(g)}" for i, g in enumerate(self.actors)] or \
-                 ["actors on CPU"]
+        parts += [f"actor-{i} GPU{'s' * (len(g) > 1)} {_ids(g)}" + " (shared with the learner)" * bool(set(g) & set(self.learner))
+                  for i, g in enumerate(self.actors)] or ["actors on CPU"]
         return ", ".join(parts)
 
 
@@ -70,8 +77,25 @@ def check_fields(cfg: BrorlConfig) -> None:
         raise ValueError(f"actor.gpus {act.gpus} lists {len(act.gpus)} GPU(s); actor.num_actors ({act.num_actors}) "
                          f"× actor.tensor_parallel_size ({act.tensor_parallel_size}) needs {need}")
     both = sorted(set(lrn.gpus) & set(act.gpus))
-    if both:
-        raise ValueError(f"GPU {_ids(both)} is booked twice: in learner.gpus {lrn.gpus} and in actor.gpus {act.gpus}")
+    if both and (why := _unshareable(cfg)):
+        raise ValueError(f"GPU {_ids(both)} is booked twice: in learner.gpus {lrn.gpus} and in actor.gpus {act.gpus}; "
+                         f"to share it between the learner and an actor, {why}")
+
+
+SHARE_UTILIZATION = 0.5
+"""The most of a shared GPU's memory an actor's engine may reserve (`actor.gpu_memory_utilization`)."""
+
+
+def _unshareable(cfg: BrorlConfig) -> str:
+    """What keeps the learner and an actor from sharing a GPU under this config ("" when nothing does)."""
+    act = cfg.actor
+    need = [f"set transport.weight_backend = \"gloo\" (it is {cfg.transport.weight_backend!r}: NCCL refuses two ranks "
+            f"on one GPU)"] * (cfg.transport.weight_backend != "gloo")
+    need += ["set actor.kv_cache_gib (the engine's KV cache in GiB: vLLM cannot size it by profiling while the "
+             "learner allocates on the same GPU)"] * (not act.kv_cache_gib)
+    need += [f"set actor.gpu_memory_utilization ≤ {SHARE_UTILIZATION} (it is {act.gpu_memory_utilization}: the learner "
+             f"needs the rest)"] * (act.gpu_memory_utilization > SHARE_UTILIZATION)
+    return "; ".join(need)
 
 
 def place(cfg: BrorlConfig, visible: int) -> Placement:
@@ -107,16 +131,17 @@ def place(cfg: BrorlConfig, visible: int) -> Placement:
             raise ValueError(f"actor.gpus names GPU {_ids(missing)}: this host shows {visible} GPU(s), 0 to "
                              f"{visible - 1}")
         both = sorted(set(pool) & set(learner))
-        if both:
+        if both and (why := _unshareable(cfg)):
             raise ValueError(f"GPU {_ids(both)} is booked twice: the learner's (learner.device = {lrn.device!r}) "
-                             f"and in actor.gpus {act.gpus}")
+                             f"and in actor.gpus {act.gpus}; to share it between the learner and an actor, {why}")
     else:
         pool = [g for g in range(visible) if g not in learner]
         if len(pool) < need:
             raise ValueError(f"too few GPUs: actor.num_actors ({act.num_actors}) × actor.tensor_parallel_size "
                              f"({tp}) = {need} actor GPUs after the learner's {len(learner)} "
                              f"(learner.devices = {lrn.devices}), and this host shows {visible}: lower "
-                             f"actor.num_actors, or place the roles with learner.gpus / actor.gpus")
+                             f"actor.num_actors, or place the roles with learner.gpus / actor.gpus (the learner "
+                             f"and an actor may share a GPU: README, \"GPU placement\")")
         pool = pool[:need]
     return Placement(learner, [pool[i * tp:(i + 1) * tp] for i in range(act.num_actors)])
 

@@ -1,11 +1,19 @@
-"""The control channel: the learner's XPUB and each actor's SUB. State-based (every message carries a seq
-within a learner epoch; a joining or lagging actor resynchronises from a `Snapshot` over the work socket),
-and bounded per connection on the learner's side (`ControlPublisher`)."""
+"""The control channel: the learner's ROUTER and each actor's DEALER, used as a publisher and its subscribers.
+State-based (every message carries a seq within a learner epoch; a joining or lagging actor resynchronises from
+a `Snapshot` over the work socket), and bounded per connection on the learner's side (`ControlPublisher`).
+
+Why not PUB/SUB: libzmq's PUB and XPUB store every subscription a peer sends (in a trie, kept until the
+connection closes, and in XPUB's manual mode queued for the application besides) as they arrive, before
+the application can look at them: one authenticated actor sending thousands of distinct subscriptions grew the
+learner by hundreds of MiB. A ROUTER stores nothing a peer sends beyond its receive queue (`SUBSCRIPTION_HWM`
+messages of at most `SUBSCRIPTION_FRAME` bytes per connection), and the learner keeps one entry per route."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import math
 import time
 import uuid
 from typing import Any
@@ -17,33 +25,41 @@ from transport import security, wire
 from transport.zmq_base import Endpoints, Limits, Peer, Security, _bind, _recv_frames, _Rejects, _tune
 
 log = logging.getLogger("brorl.transport")
+SUBSCRIBE = b"\x01"  # what a subscriber sends: "send me the control messages on this connection"
 SUBSCRIPTION_FRAME = 1024  # the largest frame the control socket takes: a subscription needs 1 byte, CURVE's
 # handshake commands a few hundred (they are frames to libzmq too)
-SUBSCRIPTION_HWM = 8  # subscription frames waiting per connection, at most
-MAX_SUBSCRIPTIONS = 32  # per peer and minute; an actor sends one per connection (re-sent on a reconnect)
+SUBSCRIPTION_HWM = 8  # messages waiting per connection on the learner's side, at most
+REFRESH_S = 2.0  # a subscriber says SUBSCRIBE this often (a reconnected one is heard again within it)
+ROUTE_TTL_S = 30.0  # a route not refreshed for this long is dropped (its connection is gone)
+ROUTES_PER_KEY = 4  # live routes per CURVE key (an actor has one; a reconnect leaves an old one to expire)
+MAX_ROUTES = 4096  # live routes in all (without CURVE, peers are told apart by address only)
+MAX_FRAMES = 600  # per peer and minute (an honest one sends ~30, more while it says hello at start-up)
 
 
 class ControlPublisher:
-    """XPUB, bound. SNDHWM `hwm` per subscriber; a subscriber that falls that far behind loses messages
-    (PUB semantics), which is why control is state-based: every message carries a seq, and a joining or
-    lagging actor resynchronises from a `Snapshot` (`ActorSockets.sync`, `ActorSockets.resync_if_lost`).
+    """ROUTER, bound, that publishes: each message goes to every live route (a connection that sent
+    SUBSCRIBE in the last ROUTE_TTL_S). SNDHWM `hwm` per route; a subscriber that falls that far behind loses
+    messages (PUB semantics), which is why control is state-based: every message carries a seq, and a
+    joining or lagging actor resynchronises from a `Snapshot` (`ActorSockets.sync`, `ActorSockets.resync_if_lost`).
 
-    Bounded per connection: libzmq keeps every subscription a peer sends (in a trie, PUB or XPUB alike),
-    so in manual mode `drain` reads them all, gives a connection that subscribes the one subscription
-    actors need (everything) and counts them per peer (CURVE key, else address). Frames above
-    SUBSCRIPTION_FRAME bytes disconnect their sender; at most SUBSCRIPTION_HWM of them wait per connection;
-    a peer with more than MAX_SUBSCRIPTIONS in a minute (an actor sends one per connection) is refused
-    from then on (its key, with CURVE) and the socket is rebuilt on the same port, which frees what libzmq
-    held for it; the actors reconnect by themselves and resynchronise from a snapshot. Not bounded: the
-    first burst — libzmq takes in (and stores) what streams in while the socket is serviced, before
-    `drain` can count it."""
+    Bounded per connection: frames above SUBSCRIPTION_FRAME bytes disconnect their sender; at most
+    SUBSCRIPTION_HWM messages wait per connection (libzmq stops reading that connection meanwhile); `drain`
+    reads them all (at `publish` and every second), keeps at most ROUTES_PER_KEY routes per key and MAX_ROUTES
+    in all (the oldest go first), and a peer sending more than MAX_FRAMES a minute is refused from then on (its
+    key, with CURVE) and its routes dropped."""
 
     def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits, auth=None):
         self.ctx, self.sec, self.lim, self.auth, self.host = ctx, sec, lim, auth, ep.host
-        self.sock = self._open()
+        self.sock = ctx.socket(zmq.ROUTER)
+        _tune(self.sock, dataclasses.replace(lim, max_frame=SUBSCRIPTION_FRAME))
+        self.sock.setsockopt(zmq.SNDHWM, lim.hwm)
+        self.sock.setsockopt(zmq.RCVHWM, SUBSCRIPTION_HWM)
+        if sec.curve:
+            security.make_server(self.sock, sec.keys_dir)
+        self._sync = zmq.Socket.shadow(self.sock.underlying)  # the same socket, used without the event loop
         self.port = _bind(self.sock, ep.host, ep.control_port)
-        self.subscriptions: dict[str, list[float]] = {}  # peer -> times of its subscriptions, last minute
-        self.rebuilds = 0
+        self.routes: dict[bytes, tuple[str, float]] = {}  # routing id -> (peer, time of its last SUBSCRIBE)
+        self.frames: dict[str, list[float]] = {}  # peer -> times of its frames, last minute
         self.banned: list[str] = []
         self.seq = 0
         self.epoch = uuid.uuid4().hex[:12]  # this learner process; seq counts within it
@@ -52,58 +68,46 @@ class ControlPublisher:
         self.paused = False
         self.weights: dict[str, Any] = {}
 
-    def _open(self) -> zmq.asyncio.Socket:
-        sock = self.ctx.socket(zmq.XPUB)
-        _tune(sock, dataclasses.replace(self.lim, max_frame=SUBSCRIPTION_FRAME))
-        sock.setsockopt(zmq.XPUB_MANUAL, 1)
-        sock.setsockopt(zmq.SNDHWM, self.lim.hwm)
-        sock.setsockopt(zmq.RCVHWM, SUBSCRIPTION_HWM)
-        if self.sec.curve:
-            security.make_server(sock, self.sec.keys_dir)
-        self._sync = zmq.Socket.shadow(sock.underlying)  # the same socket, read without the event loop
-        return sock
-
     def drain(self) -> None:
-        """Read what subscribers sent (without waiting): each connection that subscribes gets everything,
-        once; a peer over MAX_SUBSCRIPTIONS a minute is refused. `publish` calls it first (a new
-        subscriber hears that message), and the learner every second."""
+        """Read what subscribers sent (without waiting) and keep the routes: each connection that says
+        SUBSCRIBE gets every message from then on, until it is silent for ROUTE_TTL_S."""
+        now = time.monotonic()
         while True:
             try:
-                frame = self._sync.recv(zmq.NOBLOCK, copy=False)
+                rid, *frames = self._sync.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
-            if frame.bytes[:1] != b"\x01":
-                continue  # an unsubscription: a connection's subscription goes with it
-            peer = Peer.of(frame)
+                break
+            if not frames:
+                continue
+            peer = Peer.of(frames[0])
             who = peer.user or peer.address or "?"
-            now = time.monotonic()
-            times = [t for t in self.subscriptions.get(who, []) if now - t < 60.0] + [now]
-            self.subscriptions[who] = times
-            if len(times) > MAX_SUBSCRIPTIONS:
+            if who in self.banned:
+                continue
+            times = [t for t in self.frames.get(who, []) if now - t < 60.0] + [now]
+            self.frames[who] = times
+            if len(times) > MAX_FRAMES:
                 self._refuse(who)
-                return
-            self._sync.setsockopt(zmq.SUBSCRIBE, b"")  # manual mode: for the connection it came from
+            elif len(frames) == 1 and frames[0].bytes == SUBSCRIBE:
+                self.routes.pop(rid.bytes, None)
+                self.routes[rid.bytes] = (who, now)  # newest last: eviction takes from the front
+                mine = [r for r, (w, _) in self.routes.items() if w == who]
+                for r in mine[:-ROUTES_PER_KEY] if peer.user else ():
+                    del self.routes[r]
+        stale = [r for r, (_, t) in self.routes.items() if now - t > ROUTE_TTL_S]
+        for r in stale + list(self.routes)[:max(0, len(self.routes) - len(stale) - MAX_ROUTES)]:
+            self.routes.pop(r, None)
+        if len(self.frames) > MAX_ROUTES:
+            self.frames = {w: t for w, t in self.frames.items() if now - t[-1] < 60.0}
 
     def _refuse(self, who: str) -> None:
-        log.error("control socket: %s sent more than %d subscriptions in a minute; refused%s, socket rebuilt",
-                  who, MAX_SUBSCRIPTIONS, " from now on (its key)" if self.auth is not None and who.startswith(("actor:", "admin:")) else "")
+        log.error("control socket: %s sent more than %d messages in a minute; refused%s", who, MAX_FRAMES,
+                  " from now on (its key)" if self.auth is not None and who.startswith(("actor:", "admin:")) else "")
         if self.auth is not None:
             self.auth.ban(who)
         self.banned.append(who)
-        self.sock.close(linger=0)
-        deadline = time.monotonic() + 5.0
-        while True:  # the old socket's port is freed by libzmq's I/O thread a moment later
-            self.sock = self._open()
-            try:
-                _bind(self.sock, self.host, self.port)
-                break
-            except zmq.ZMQError:
-                self.sock.close(linger=0)
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-        self.subscriptions = {}
-        self.rebuilds += 1
+        self.frames.pop(who, None)
+        for r in [r for r, (w, _) in self.routes.items() if w == who]:
+            del self.routes[r]
 
     def snapshot(self, hello_needed: bool = False) -> wire.Snapshot:
         return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused, dict(self.weights), self.epoch,
@@ -121,27 +125,35 @@ class ControlPublisher:
         elif kind == "weights":
             self.weights = dict(payload)
         msg = wire.Control(self.seq, kind, payload, self.epoch)
-        await self.sock.send_multipart(wire.encode(msg))
+        frames = wire.encode(msg)
+        for rid in list(self.routes):
+            try:  # a full queue or a route gone: dropped by the ROUTER (PUB semantics); never waits
+                self._sync.send_multipart([rid, *frames], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
         return msg
 
 
 class ControlSubscriber:
-    """SUB, connected, subscribed to everything. RCVHWM `hwm`. Messages with seq <= the last applied
+    """DEALER, connected; says SUBSCRIBE when it first waits for a message and every REFRESH_S while it
+    waits (the learner drops a route silent for ROUTE_TTL_S; after a reconnect the new connection is heard
+    within REFRESH_S, and what was published meanwhile shows as a gap). RCVHWM `hwm`. Messages with seq <= the last applied
     one (replays, or anything older than the start-up snapshot) are dropped — within one learner epoch. A
     message of another epoch (the learner restarted; seq starts again) is passed on and starts counting
     afresh; the caller sees the new `epoch` on it and resynchronises."""
 
     def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits):
-        self.sock = ctx.socket(zmq.SUB)
+        self.sock = ctx.socket(zmq.DEALER)
         _tune(self.sock, lim)
         self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
+        self.sock.setsockopt(zmq.SNDHWM, 2)  # SUBSCRIBEs waiting for a connection: one is enough
         if sec.curve:
             security.make_client(self.sock, sec.keys_dir, sec.client_name)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.sock.connect(ep.url(ep.control_port))
+        self.subscribed = -math.inf  # when SUBSCRIBE was last sent
         self.last_seq = 0
         self.epoch = ""  # the learner epoch of the last applied message (set by the start-up barrier)
-        self.rejects = _Rejects("control SUB")
+        self.rejects = _Rejects("control channel")
         self.backlog: list[wire.Control] = []
         self.gaps = 0  # times messages were found missing (see `_fresh`)
 
@@ -174,6 +186,26 @@ class ControlSubscriber:
         while self.backlog:  # heard during the start-up barrier
             if self._fresh(msg := self.backlog.pop(0)):
                 return msg
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            if self._fresh(msg := self.rejects.decode(await _recv_frames(self.sock, timeout_s), wire.Control)):
+            await self.refresh()
+            wait = min(REFRESH_S, deadline - time.monotonic())
+            try:
+                frames = await _recv_frames(self.sock, max(0.0, wait))
+            except asyncio.TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                continue
+            if self._fresh(msg := self.rejects.decode(frames, wire.Control)):
                 return msg
+
+    async def refresh(self) -> None:
+        """Say SUBSCRIBE if REFRESH_S has passed since the last time (never waits: with no connection yet,
+        libzmq keeps it until there is one)."""
+        if time.monotonic() - self.subscribed < REFRESH_S:
+            return
+        self.subscribed = time.monotonic()
+        try:
+            await self.sock.send(SUBSCRIBE, zmq.NOBLOCK)
+        except zmq.Again:
+            pass

@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-SCHEMA_VERSION = 7  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
+SCHEMA_VERSION = 8  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
 # Snapshot.hello_needed; 5: RolloutGroup.versions (per token); 6: PromptItem.prompt_token_ids, source;
-# 7: Heartbeat.group. A message of another version is rejected, both versions named.
+# 7: Heartbeat.group; 8: the control channel over ROUTER/DEALER (an actor subscribes by message). A message of
+# another version is rejected, both versions named.
 MAX_HEADER_BYTES = 1 << 20
 MAX_REASON_CHARS = 200  # a verifier's reason per completion, as sent (the header of N = 2048 stays < 1 MiB)
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}

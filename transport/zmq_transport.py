@@ -4,10 +4,10 @@ Learner side binds, actors connect, so actors can come and go:
 
     WorkServer        ROUTER bind    work requests, hellos, heartbeats in; assignments, acks, snapshots out
     RolloutReceiver   PULL   bind    rollout groups in
-    ControlPublisher  XPUB   bind    control messages out (transport/control.py)
+    ControlPublisher  ROUTER bind    control messages out to every subscribed connection (transport/control.py)
     WorkClient        DEALER connect
     RolloutSender     PUSH   connect
-    ControlSubscriber SUB    connect
+    ControlSubscriber DEALER connect subscribes (a 1-byte message, repeated), then control messages in
 
 Routing: actors set no ZMQ routing identity; the learner's ROUTER names each connection itself (no
 ROUTER_HANDOVER), so no peer can take another's connection over by claiming its name. The learner
@@ -285,11 +285,11 @@ class ActorSockets:
         return wire.Hello(self.actor_id, version, token or uuid.uuid4().hex, self.incarnation)
 
     async def sync(self, version: int, timeout_s: float = 30.0) -> wire.Snapshot:
-        """Start-up barrier: returns once the SUB socket provably receives (a sync token of ours came back on
+        """Start-up barrier: returns once the control socket provably receives (a sync token of ours came back on
         it) and with the control state as of a snapshot no older than that token; control messages after
         the snapshot (those heard while waiting included) all come out of `control.recv`.
 
-        A SUB socket misses what is published before its subscription reaches the learner (the slow
+        The control socket misses what is published before its subscription reaches the learner (the slow
         joiner), so hellos are repeated — soon at first, then every 0.5 s. Any of our tokens counts and the
         newest snapshot is kept: a learner slower to answer than the repeat interval is still synced."""
         deadline = time.monotonic() + timeout_s
@@ -304,6 +304,7 @@ class ActorSockets:
         snaps = 0
         while (now := time.monotonic()) < deadline:
             if now >= next_hello:
+                await self.control.refresh()
                 token = uuid.uuid4().hex
                 tokens.add(token)
                 try:  # a learner that never answers fills the send queue: then `send` waits, never past the deadline

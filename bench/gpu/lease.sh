@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One GPU lease as one rerunnable plan (README "GPU machines"): the gpu tests, then the whole-loop benchmark,
-# on a 2-GPU machine whose vLLM and extra wheels are installed under /tmp/site. Started in the background by the
-# call that installs the last staged part:
+# One GPU lease as one rerunnable plan (README "GPU machines"): the gpu tests, then the benchmarks, on a machine
+# whose vLLM and extra wheels are installed under /tmp/site. Started in the background by the call that installs
+# the last staged part:
 #   setsid nohup bash bench/gpu/lease.sh /tmp/r > /tmp/plan.log 2>&1 &
 # Later calls wait for /tmp/r/ALLDONE and fetch /tmp/r/results.tgz. Each step writes NAME.log, NAME.rc and
-# NAME.secs; nvidia-smi is sampled every 5 s (smi.csv). Independent steps run on separate GPUs side by side.
+# NAME.secs; nvidia-smi is sampled every 5 s (smi.csv). The plan follows the GPUs the machine shows: on one GPU
+# the roles share it (learner and actor on GPU 0); on two or more, independent steps run side by side.
 set -u
 R=${1:-/tmp/r}
 mkdir -p "$R"
@@ -21,22 +22,41 @@ step() {  # step NAME COMMAND...: run it, keep its log, exit status and seconds;
   pack
 }
 pack() { tar czf "$R/results.tgz.part" -C "$R" --exclude 'results.tgz*' . 2>/dev/null && mv "$R/results.tgz.part" "$R/results.tgz"; }
+keep_bench() { mkdir -p "$R/bench"; for f in "$@"; do cp bench/results/$f "$R/bench/" 2>/dev/null; done; pack; }
 python3 -c "import torch, vllm; print(torch.__version__, vllm.__version__, torch.cuda.device_count())" > "$R/versions.txt" 2>&1
-# 1. the paper's presets' learner on GPU 0, beside a user's model and data through `brorl run` on GPU 1
-step presets env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_presets_gpu.py &
-a=$!
-step userdata env CUDA_VISIBLE_DEVICES=1 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_user_data_gpu.py &
-b=$!
-wait $a $b  # not a bare `wait`: it would wait for the nvidia-smi sampler too, forever
-# 2. the other gpu tests on both GPUs (NCCL, in-flight updates, placement)
-step gpu env CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py \
-     tests/gpu/test_in_flight_gpu.py tests/gpu/test_placement_gpu.py
-# 3. the whole loop against the raw engine (1 learner + 1 actor), with the compiler's recompilations logged
-step e2e env CUDA_VISIBLE_DEVICES=0,1 TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b \
-     --cases 1:16:keep,1:512:keep --steps 8 --raw-steps 4 --tag "${TAG:-h200x2}"
-mkdir -p "$R/bench"
-cp bench/results/e2e_"${TAG:-h200x2}"* "$R/bench/" 2>/dev/null
-for d in runs/bench/e2e/*/logs; do n=$(basename "$(dirname "$d")"); cp "$d/learner.log" "$R/bench/$n-learner.log" 2>/dev/null; done
+TAG=${TAG:-h200}
+GPUS=$(nvidia-smi -L | wc -l)
+PT="python3 -m pytest -q -s -p no:cacheprovider"
+ACT="python3 -m bench.actor --preset brorl-1.5b --dummy-1p5b --total 4096 --prompt-len 512 --max-tokens 256 --repeats 1 --cases 512:on,16:on"
+if [ "$GPUS" = 1 ]; then
+  # 1. the paper's presets' learner, then the learner's MFU at the preset's best single-GPU settings,
+  #    with the compiler's recompilations logged
+  step presets $PT tests/gpu/test_presets_gpu.py
+  step mfu env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --mfu-add \
+       '[{"backend": "torch", "activation_checkpointing_fraction": 0.5, "micro_batch_tokens": 32768}]'
+  keep_bench 'learner_gpu*'
+  # 2. FP8 rollouts: the engine's speed with vLLM's FP8 weights against bf16, same prompts and settings (vLLM's
+  #    quantization configs import compressed-tensors, which needs loguru and frozendict: install those
+  #    three pure-Python wheels with vLLM's)
+  step actor_bf16 $ACT --tag "${TAG}_bf16"
+  step actor_fp8 $ACT --tag "${TAG}_fp8" --engine-kw '{"quantization": "fp8"}'
+  keep_bench "actor_${TAG}_bf16*" "actor_${TAG}_fp8*"
+  # 3. a user's model and data through `brorl run`, learner and actor sharing the one GPU
+  step userdata $PT tests/gpu/test_user_data_gpu.py
+else
+  step presets env CUDA_VISIBLE_DEVICES=0 $PT tests/gpu/test_presets_gpu.py &
+  a=$!
+  step userdata env CUDA_VISIBLE_DEVICES=1 $PT tests/gpu/test_user_data_gpu.py &
+  b=$!
+  wait $a $b  # not a bare `wait`: it would wait for the nvidia-smi sampler too, forever
+  step gpu env CUDA_VISIBLE_DEVICES=0,1 $PT tests/gpu/test_gpu.py tests/gpu/test_in_flight_gpu.py \
+       tests/gpu/test_placement_gpu.py
+  # the whole loop against the raw engine (1 learner + 1 actor), with the compiler's recompilations logged
+  step e2e env CUDA_VISIBLE_DEVICES=0,1 TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b \
+       --cases 1:16:keep,1:512:keep --steps 8 --raw-steps 4 --tag "${TAG}x2"
+  keep_bench "e2e_${TAG}x2*"
+  for d in runs/bench/e2e/*/logs; do n=$(basename "$(dirname "$d")"); cp "$d/learner.log" "$R/bench/$n-learner.log" 2>/dev/null; done
+fi
 kill $smi 2>/dev/null
 pack
 touch "$R/ALLDONE"

@@ -38,7 +38,7 @@ def test_too_few_gpus_fail_at_launch_naming_the_fields():
     with pytest.raises(ValueError, match=r"learner's GPU 2 .*shows 2"):
         place(cfg(**{"learner.device": "cuda:2"}), 2)
     with pytest.raises(ValueError, match=r"booked twice: the learner's"):
-        place(cfg(**{"learner.device": "cuda:1", "actor.gpus": [1]}), 2)
+        place(cfg(**{"learner.device": "cuda:1", "actor.gpus": [1], "transport.weight_backend": "nccl"}), 2)
 
 
 def test_no_gpu_places_nothing_and_the_cpu_job_runs_as_it_is():
@@ -46,7 +46,8 @@ def test_no_gpu_places_nothing_and_the_cpu_job_runs_as_it_is():
 
 
 @pytest.mark.parametrize("over, match", [
-    ({"learner.gpus": [0], "actor.gpus": [0]}, r"GPU 0 is booked twice: in learner.gpus \[0\] and in actor.gpus \[0\]"),
+    ({"learner.gpus": [0], "actor.gpus": [0], "actor.kv_cache_gib": 0}, r"GPU 0 is booked twice: in learner.gpus \[0\] and in actor.gpus \[0\]; "
+     r"to share it .*set actor.kv_cache_gib"),
     ({"actor.gpus": [1, 1], "actor.num_actors": 2}, r"actor.gpus \[1, 1\] books GPU 1 twice"),
     ({"learner.gpus": [0, 1]}, r"learner.gpus \[0, 1\] lists 2 GPU\(s\) for learner.devices = 1"),
     ({"actor.gpus": [1, 2]}, r"actor.gpus \[1, 2\] lists 2 GPU\(s\); actor.num_actors \(1\)"),
@@ -56,6 +57,33 @@ def test_no_gpu_places_nothing_and_the_cpu_job_runs_as_it_is():
 def test_double_booking_and_miscounts_fail_at_load(over, match):
     with pytest.raises(ConfigError, match=match):
         cfg(**over)
+
+
+SHARED = {"learner.gpus": [0], "actor.gpus": [0], "transport.weight_backend": "gloo", "actor.kv_cache_gib": 16,
+          "actor.gpu_memory_utilization": 0.3}
+
+
+def test_the_learner_and_an_actor_share_one_gpu_when_the_job_is_set_up_for_it():
+    c = cfg(**SHARED)
+    assert place(c, 1) == Placement([0], [[0]])
+    assert place(c, 1).describe() == "learner GPU 0, actor-0 GPU 0 (shared with the learner)"
+    # learner.device names the GPU instead of learner.gpus: the same rule at launch
+    c = cfg(**{**{k: v for k, v in SHARED.items() if k != "learner.gpus"}, "learner.device": "cuda:0"})
+    assert place(c, 1) == Placement([0], [[0]])
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("transport.weight_backend", "nccl", r"set transport.weight_backend = \"gloo\" \(it is 'nccl': NCCL refuses"),
+    ("actor.kv_cache_gib", 0, r"set actor.kv_cache_gib \(the engine's KV cache"),
+    ("actor.gpu_memory_utilization", 0.85, r"set actor.gpu_memory_utilization ≤ 0.5 \(it is 0.85"),
+])
+def test_a_shared_gpu_without_its_settings_is_refused_naming_the_one_missing(field, value, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        cfg(**{**SHARED, field: value})
+    assert e.value.args[0].count("set ") == 1  # only the missing setting is named
+    with pytest.raises(ValueError, match=r"booked twice: the learner's .*" + match):
+        place(load_config("tiny-cpu", {"learner.device": "cuda:0", "actor.gpus": [0], **{
+            k: v for k, v in {**SHARED, field: value}.items() if k not in ("learner.gpus", "actor.gpus")}}), 1)
 
 
 def test_each_role_sees_only_its_gpus_through_the_launchers_own_view():
