@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from transport.staleness import fresh
 from transport.weights import WeightReceiver
 
 log = logging.getLogger("brorl.actor")
@@ -65,7 +66,7 @@ class TokenVersions:
 
     def too_stale(self, target: int, max_staleness: int) -> list[str]:
         """Requests that would hold tokens more than `max_staleness` versions older than `target`."""
-        return [rid for rid, v in self._start.items() if target - v > max_staleness]
+        return [rid for rid, v in self._start.items() if not fresh(target, v, max_staleness)]
 
     def mark(self, version: int, counts: dict[str, int]) -> None:
         """Weights of `version` are about to replace the current ones; `counts` from the engine. A completion

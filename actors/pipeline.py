@@ -20,7 +20,7 @@ from actors.supervisor import EngineSupervisor
 from actors.weight_sync import WeightSync
 from config.schema import BrorlConfig
 from transport import wire
-from transport.zmq_transport import RolloutSender
+from transport.actor_sockets import RolloutSender
 from verifiers.registry import Registry
 
 

@@ -3,7 +3,7 @@
 vLLM sends every running request's new log-probs from the engine core to the front end at every step,
 as three small NumPy arrays per request (`LogprobsLists.slice_request`). At N = 512 that is ~1,500 arrays
 a step to slice, serialize and decode one by one; on an H100 it cost ~40 % of a 1.5B model's generation
-throughput (README, "Actor generation"), most of it in the front end — the actor's own process.
+throughput (docs/benchmarks/actor.md), most of it in the front end — the actor's own process.
 
 The actor asks for `output_kind = FINAL_ONLY`: it reads nothing before a request ends. So for such a
 request this scheduler keeps each step's log-probs in the engine core and sends them all with the
@@ -15,7 +15,7 @@ hidden from vLLM's `update_from_output`), and a held request's sampled token, lo
 appended to three flat `array.array`s of its own (4–8 bytes a value, no Python object per token, nothing
 for the garbage collector to walk). Holding per-step slices instead (an earlier version) kept ~4 Python
 objects per request and step alive; on an H100 at 512 running requests the engine core's step loop then
-spent more time in slicing and garbage collection than the log-probs were worth (`py-spy`, README).
+spent more time in slicing and garbage collection than the log-probs were worth (`py-spy`, docs/benchmarks/actor.md).
 Requests that still get vLLM's per-step delivery are sliced here exactly as vLLM slices them.
 
 A request with stop *strings* is never held: the front end detects those while detokenizing and ends the

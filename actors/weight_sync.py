@@ -21,6 +21,8 @@ import enum
 import logging
 from typing import Any, Callable, Coroutine
 
+from transport.staleness import fresh
+
 log = logging.getLogger("brorl.actor")
 
 
@@ -90,7 +92,7 @@ class WeightSync:
 
     def may_admit(self) -> bool:
         """May a new prompt start now? Only with known weights not more than max_staleness behind."""
-        return self.state is SyncState.READY and self.latest - self.version <= self.max_staleness
+        return self.state is SyncState.READY and fresh(self.latest, self.version, self.max_staleness)
 
     def has_weights(self) -> bool:
         """Known weights loaded and no update running: a prompt already admitted may generate."""
@@ -98,7 +100,7 @@ class WeightSync:
 
     def gated_by_staleness(self) -> bool:
         """Ready, but too far behind the learner to start anything: waiting for a broadcast."""
-        return self.state is SyncState.READY and self.latest - self.version > self.max_staleness
+        return self.state is SyncState.READY and not fresh(self.latest, self.version, self.max_staleness)
 
     # ------------------------------------------------------------------ updates
     async def next_update(self) -> int:

@@ -48,7 +48,7 @@ def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update:
     """(preset, overrides) of the measured job: N = `n` with `SAMPLES_PER_STEP` // n prompts per step (the
     same samples per step whatever N), updates applied as `update`; its GPUs from `first_gpu` on: the
     learner's `learner_gpus` (DeepSpeed ZeRO-2 ranks), then one per actor."""
-    from transport.weights import free_ports
+    from transport.ports import free_ports
 
     port = free_ports(3)  # jobs may run side by side
     common = {"model.path": model, "verifiers.task": "throughput:0.5:128", "actor.length_dist": "lognormal",

@@ -32,7 +32,8 @@ import statistics
 from pathlib import Path
 
 from fleet.calibration import DEFAULT, GPU_MODEL_GB, fleet_from, gpu_rates, load
-from fleet.sim import Fleet, simulate
+from fleet.model import Fleet
+from fleet.sim import simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -199,7 +199,7 @@ def side_by_side(one, kind: str, cases: list[dict]) -> list[dict]:
 
 def ranks(world: int, args: list[str], timeout: float = 1200) -> dict:
     """`python -m bench.learner args` as `world` ranks (torch.distributed env); rank 0's JSON line."""
-    from transport.weights import free_port
+    from transport.ports import free_port
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
@@ -213,10 +213,11 @@ def ranks(world: int, args: list[str], timeout: float = 1200) -> dict:
     return json.loads(outs[0][0].strip().splitlines()[-1])
 
 
-def main(quick: bool = False, only: str = "", mfu_add: str = "") -> None:
+def main(quick: bool = False, only: str = "", mfu_add: str = "", tag: str = "") -> None:
     """Every case (or those named in `only`, comma-separated: longest, mfu, shared, scale; the others are
-    kept from bench/results/learner_gpu.json, so a sweep can be run in parts). `mfu_add`: a JSON list of
-    settings over the compiled MFU case, run and merged into the kept MFU rows."""
+    kept from bench/results/learner_gpu[_TAG].json, so a sweep can be run in parts). `mfu_add`: a JSON list of
+    settings over the compiled MFU case, run and merged into the kept MFU rows. `tag`: the results file's
+    suffix (another card's rows in a file of their own)."""
     import torch
 
     from bench.common import RESULTS, run_isolated, stamp, table, write_json
@@ -224,7 +225,8 @@ def main(quick: bool = False, only: str = "", mfu_add: str = "") -> None:
     gpus = torch.cuda.device_count()
     want = set(only.split(",")) if only else ({"mfu"} if mfu_add else {"longest", "mfu", "shared", "scale"})
     keep = only or mfu_add
-    old = json.loads((RESULTS / "learner_gpu.json").read_text()) if keep and (RESULTS / "learner_gpu.json").exists() else {}
+    name = "learner_gpu" + (f"_{tag}" if tag else "")
+    old = json.loads((RESULTS / f"{name}.json").read_text()) if keep and (RESULTS / f"{name}.json").exists() else {}
     one = lambda kind, p, env=None: run_isolated("bench.learner", ["--case", f"gpu-{kind}:{json.dumps(p)}"],  # noqa: E731
                                                  timeout=1800, env=env)
     longest, mfu, shared, scale = (old.get(k, []) for k in ("longest", "mfu", "shared", "scale"))
@@ -281,7 +283,7 @@ def main(quick: bool = False, only: str = "", mfu_add: str = "") -> None:
     if scale:
         print("\nZeRO-2 scaling, the same step on 1, 2 and 4 ranks")
         print(table(scale, ["ranks", "seconds", "tokens_per_s", "speedup", "mfu", "peak_gib"]))
-    path = write_json("learner_gpu", {"longest": longest, "mfu": mfu, "shared": shared, "scale": scale,
+    path = write_json(name, {"longest": longest, "mfu": mfu, "shared": shared, "scale": scale,
                                       **({"parts": {**old.get("parts", {}), **({"mfu_add": {**stamp(), "cases": mfu_add}} if mfu_add else {k: stamp() for k in want})}})})
     _plot(longest, mfu, shared, scale, path.with_suffix(".png"), stamp())
     print(f"\nwrote {path} and {path.with_suffix('.png')}")

@@ -20,7 +20,7 @@ from bench.common import table, write_json
 
 def main() -> None:
     from learner.logprobs import pack
-    from learner.train_step import micro_batches
+    from learner.microbatch import micro_batches
 
     rng = random.Random(0)
     groups, n, prompt_len, budget = 4, 512, 256, 65_536

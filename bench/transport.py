@@ -10,7 +10,7 @@ groups/s, samples/s, MB/s, p50/p99 latency (send -> validated receive) and the r
 
 Each case runs twice: flat out (the ceiling), and paced at the target rate, where the receiver's CPU share
 is what the learner would actually pay. The target: at least 20× the ~210 samples/s that one H200 generates
-for a 1.5B model (shared/gpu/README.md), i.e. 4,200 samples/s, with the receiver on at most one core.
+for a 1.5B model (measured on an H200: docs/benchmarks/actor.md), i.e. 4,200 samples/s, with the receiver on at most one core.
 Writes bench/results/transport.json and .png.
 """
 
@@ -105,7 +105,7 @@ async def receive(port: int, groups: int, curve_dir: str) -> dict:
 
 
 def case(length: int, curve: bool, groups: int, n: int = 512, paced: bool = False) -> dict:
-    from transport.weights import free_port
+    from transport.ports import free_port
     from transport import security
 
     port = free_port()

@@ -72,7 +72,8 @@ def wire_only(pg, flats: list, timeout_s: float) -> None:
 
 
 def case(n_params: int, receivers: int, updates: int, backend: str, bucket_mb: float) -> dict:
-    from transport.weights import WeightBroadcaster, free_port, pack_bucket
+    from transport.weights import WeightBroadcaster, pack_bucket
+    from transport.ports import free_port
 
     device = "cuda:0" if backend == "nccl" else "cpu"
     params = make_params(n_params, device)

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from actors.verifier_set import EXIT_REFUSED
-from cli.launcher import Launcher, _die_with_parent, _kill_group
+from cli.launcher import Launcher
+from cli.procs import die_with_parent, kill_group
 from config.schema import BrorlConfig
 
 
@@ -44,7 +45,7 @@ def _role_preexec() -> None:
     Ray starts its workers at nice 15 to keep its own daemons responsive; a role inheriting that would lose
     the CPU to any ordinary process on the node. Lowering nice needs CAP_SYS_NICE (root in a container has
     it); without it the role stays where Ray put it (the host says so)."""
-    _die_with_parent()
+    die_with_parent()
     try:
         os.setpriority(os.PRIO_PROCESS, 0, 0)
     except PermissionError:
@@ -154,7 +155,7 @@ class RoleHost:
 
     def kill_group(self) -> None:
         self.stopping = True
-        _kill_group(self.proc.pid)
+        kill_group(self.proc.pid)
 
 
 class RayRole:

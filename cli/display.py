@@ -1,10 +1,21 @@
-"""The live display of `brorl run`: a panel redrawn in place on a terminal, its first line in logs."""
+"""The live display of `brorl run`: on a terminal a panel redrawn in place (`rich`), in a log one line per
+completed step (each step once, nothing while the job waits)."""
 
 from __future__ import annotations
 
+import sys
+from typing import TextIO
+
+
+def step_line(r: dict, steps: int) -> str:
+    """One completed step, as a log line."""
+    return (f"[brorl run] step {r['step']:>4}/{steps}  reward {r.get('rollout_reward', 0):.3f}  pass-rate "
+            f"{r.get('pass_rate', 0):.2f}  loss {r.get('loss', 0):+.4f}  stale {r.get('staleness_mean', 0):.2f}  "
+            f"{r.get('samples_per_s', 0):.0f} samples/s")
+
 
 def status_lines(rows: list[dict], steps: int, restarts: int, heldout: list[dict]) -> list[str]:
-    """The live display: a summary line, then progress, rewards, throughput, time split and actors."""
+    """The panel's text: the last step's line, then progress, rewards, throughput, time split and actors."""
     r = rows[-1]
     recent = rows[-10:]
 
@@ -12,17 +23,14 @@ def status_lines(rows: list[dict], steps: int, restarts: int, heldout: list[dict
         return sum(x.get(k) or 0 for x in recent) / len(recent)
 
     done = r["step"] / max(steps, 1)
-    bar = "#" * int(30 * done) + "." * (30 - int(30 * done))
     busy = avg("wait_s") + avg("train_s") + avg("broadcast_s") or 1.0
     eta = (steps - r["step"]) * busy
     held = " ".join(f"{h['step']}:{100 * h['pass_at_1']:.0f}%" for h in heldout[-6:]) or "off (run.eval_interval)"
     hist = " ".join(f"{k.split('_')[1]}:{int(v)}" for k, v in r.items()
                     if k.startswith("staleness_") and k.split("_")[1].isdigit())
     return [
-        f"[brorl run] step {r['step']:>4}/{steps}  reward {r.get('rollout_reward', 0):.3f}  pass-rate "
-        f"{r.get('pass_rate', 0):.2f}  loss {r.get('loss', 0):+.4f}  stale {r.get('staleness_mean', 0):.2f}  "
-        f"{r.get('samples_per_s', 0):.0f} samples/s",
-        f"  progress   [{bar}] {100 * done:5.1f}%  ~{eta:.0f} s left",
+        step_line(r, steps),
+        f"  progress   {100 * done:5.1f}%  ~{eta:.0f} s left",
         f"  rollouts   reward {avg('rollout_reward'):.3f}  accuracy {avg('rollout_accuracy'):.3f}  dynamic-sampling pass "
         f"rate {avg('pass_rate'):.2f}  (last 10 steps)",
         f"  held-out   pass@1 by step: {held}",
@@ -35,3 +43,52 @@ def status_lines(rows: list[dict], steps: int, restarts: int, heldout: list[dict
         f"{r.get('actor_idle_s', 0):.0f} s  engine restarts {int(r.get('actor_engine_restarts', 0))}  "
         f"process restarts {restarts}",
     ]
+
+
+class Display:
+    """`update` with the metrics rows so far: on a terminal (`live`) a `rich` panel with a progress bar,
+    redrawn in place; otherwise the line of every step completed since the last call, each step once."""
+
+    def __init__(self, steps: int, out: TextIO | None = None, live: bool | None = None):
+        self.steps, self.out = steps, out or sys.stdout
+        self.live = self.out.isatty() if live is None else live
+        self.printed = 0  # the last step printed (log mode)
+        self.waiting_said = False
+        self._live = None
+
+    def update(self, rows: list[dict], restarts: int, heldout: list[dict]) -> None:
+        if not rows:
+            if not self.waiting_said:
+                self.waiting_said = True
+                print("[brorl run] waiting for the first step (engines start in ~20-60 s)...", file=self.out, flush=True)
+            return
+        if not self.live:
+            for r in rows:
+                if r["step"] > self.printed:
+                    print(step_line(r, self.steps), file=self.out, flush=True)
+                    self.printed = r["step"]
+            return
+        panel = self._panel(rows, restarts, heldout)
+        if self._live is None:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(panel, console=Console(file=self.out, force_terminal=True), auto_refresh=False)
+            self._live.start()
+        self._live.update(panel, refresh=True)
+
+    def _panel(self, rows, restarts, heldout):
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.progress_bar import ProgressBar
+        from rich.text import Text
+
+        lines = status_lines(rows, self.steps, restarts, heldout)
+        bar = ProgressBar(total=max(self.steps, 1), completed=rows[-1]["step"], width=40)
+        return Panel(Group(Text(lines[0].removeprefix("[brorl run] ")), bar, *map(Text, lines[1:])),
+                     title="brorl run", title_align="left")
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None

@@ -19,39 +19,22 @@ It starts no role in its own process: children are separate `brorl` processes (t
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from actors.verifier_set import EXIT_REFUSED  # `brorl actor` cannot work as configured: never restarted
-from cli.display import status_lines
+from cli.display import Display
+from cli.procs import brorl_command, die_with_parent, kill_group
 from config.loader import ConfigError, to_toml
 from config.placement import Placement, cpu_cores, place, visible_env
 from config.schema import BrorlConfig
 from learner import metrics as metrics_mod
 
-PR_SET_PDEATHSIG = 1
 ACTOR_DRAIN_S = 60.0  # an actor's SIGTERM drain bound (actors/actor.py)
-
-
-def _brorl(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli", *args]
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launcher dies (however it dies)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the process group kill on the way out still applies
-        return
-    if os.getppid() == 1:  # the launcher died before prctl took effect
-        os._exit(1)
 
 
 class Stop(Exception):
@@ -103,15 +86,15 @@ class Launcher:
         self.given_up: list[str] = []
         self.refused = ""  # why an actor refused to start (it exited with EXIT_REFUSED): the job stops
         self._stopping = False
-        self._drawn = 0  # lines of the live panel on screen
+        self.display = Display(cfg.learner.steps)
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._rotate(name)
         log = open(self.logs / f"{name}.log", "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.device_env(name)}
-        p = subprocess.Popen(_brorl(*args), stdout=log, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True, preexec_fn=_die_with_parent)
+        p = subprocess.Popen(brorl_command(*args), stdout=log, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         self.procs[name] = p
         self._started_at[name] = time.monotonic()
@@ -156,6 +139,7 @@ class Launcher:
         """SIGTERM the learner and wait for it (it finishes the step in hand, writes a checkpoint and tells
         the actors to stop), then SIGTERM the actors and wait; kill the process group of whatever outlives
         its timeout."""
+        self.display.close()  # the panel stays as it was last drawn; what follows prints below it
         self._stopping = True
         learner = [n for n in self.procs if n == "learner"]
         actors = [n for n in self.procs if n != "learner"]
@@ -176,7 +160,7 @@ class Launcher:
                 self._reap(p)  # whatever it left behind in its process group
 
     def _reap(self, p) -> None:
-        _kill_group(p.pid)
+        kill_group(p.pid)
 
     def close(self) -> None:
         """After `stop`: nothing more on one machine (a cluster launcher disconnects here)."""
@@ -188,7 +172,7 @@ class Launcher:
             if name == "learner" or p.poll() is None or name in self.given_up:
                 continue
             if name not in self._restart_at:
-                _kill_group(p.pid)  # the dead actor's engine and scoring processes
+                kill_group(p.pid)  # the dead actor's engine and scoring processes
                 if p.returncode == EXIT_REFUSED:  # misconfigured (a verifier failed its self-test): restarting
                     self.refused = f"{name} refused to start: {_last_error(self.logs / f'{name}.log')}"
                     print(f"[brorl run] {self.refused}; stopping the job", flush=True)  # cannot help
@@ -231,19 +215,9 @@ class Launcher:
         return learner.returncode
 
     def _status(self) -> None:
-        """On a terminal, a live panel redrawn in place; otherwise (logs, CI) one line per call."""
-        rows = metrics_mod.read(self.run_dir / "metrics.jsonl")
-        if not rows:
-            print("[brorl run] waiting for the first step (engines start in ~20-60 s)...", flush=True)
-            return
-        lines = status_lines(rows, self.cfg.learner.steps, self.restarts,
-                             metrics_mod.read(self.run_dir / "heldout.jsonl"))
-        if sys.stdout.isatty():
-            up = f"\x1b[{self._drawn}F\x1b[J" if self._drawn else ""
-            print(up + "\n".join(lines), flush=True)
-            self._drawn = len(lines)
-        else:
-            print(lines[0], flush=True)
+        """The live display (`cli/display.py`): a panel on a terminal, one line per completed step in a log."""
+        self.display.update(metrics_mod.read(self.run_dir / "metrics.jsonl"), self.restarts,
+                            metrics_mod.read(self.run_dir / "heldout.jsonl"))
 
 
 def _last_error(log: Path) -> str:
@@ -253,106 +227,3 @@ def _last_error(log: Path) -> str:
     except OSError:
         return "see its log"
     return lines[-1].split(" ERROR ", 1)[1] if lines else "see its log"
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True, cluster: str | None = None) -> int:
-    """The whole job; `cluster`: a Ray address ("auto", "host:port" or "local"), where Ray places the roles
-    (`cli/cluster.py`)."""
-    from cli.plots import plot_run
-
-    if cluster:
-        from cli.cluster import RayLauncher
-
-        la = RayLauncher(cfg, cluster, resume=resume)
-    else:
-        la = Launcher(cfg, resume=resume)
-
-    def on_signal(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one ordered stop; a second signal changes nothing
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise Stop(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    interrupted = False
-    t0 = time.monotonic()
-    try:
-        before = _evaluate(cfg, cfg.model.path, "before") if evaluate and not resume else None
-        t0 = time.monotonic()
-        la.start()
-        rc = la.wait()
-    except Stop as e:
-        interrupted = True
-        rc = 130 if str(e) == "SIGINT" else 143
-        print(f"\n[brorl run] {e}: stopping — the learner writes a checkpoint; resume with --resume", flush=True)
-    finally:
-        la.stop()
-        la.close()
-    wall = time.monotonic() - t0
-    rows = metrics_mod.read(la.run_dir / "metrics.jsonl")
-    if rows:
-        plot_run(la.run_dir)
-    if la.refused:
-        print(f"[brorl run] {la.refused}", file=sys.stderr, flush=True)
-    if interrupted or rc != 0:
-        return rc
-    ckpt = la.run_dir / "checkpoints"
-    after = None
-    if evaluate and (ckpt / "latest").exists():
-        after = _evaluate(cfg, str(ckpt / (ckpt / "latest").read_text().strip() / "model"), "after")
-    summary = _summary(cfg, rows, before, after, wall, la.restarts)
-    (la.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(_summary_text(summary, la.run_dir))
-    return 0
-
-
-def _evaluate(cfg: BrorlConfig, model_path: str, tag: str) -> dict | None:
-    run_dir = Path(cfg.run.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = run_dir / "config.toml"
-    cfg_path.write_text(to_toml(cfg))
-    out = run_dir / f"eval-{tag}.json"
-    r = subprocess.run(_brorl("eval", "--config", str(cfg_path), "--checkpoint", model_path, "--out", str(out)),
-                       capture_output=True, text=True, preexec_fn=_die_with_parent)
-    if r.returncode != 0:
-        print(f"[brorl run] evaluation '{tag}' failed:\n{r.stderr[-2000:]}", flush=True)
-        return None
-    return json.loads(out.read_text())
-
-
-def _summary(cfg, rows, before, after, wall, restarts) -> dict:
-    def total(k):
-        return sum(r.get(k) or 0 for r in rows)
-
-    return {
-        "steps": len(rows), "wall_s": wall, "actor_restarts": restarts,
-        "pass_at_1_before": before and before["pass_at_1"], "pass_at_1_after": after and after["pass_at_1"],
-        "samples": total("generated"), "samples_per_s": total("generated") / wall if wall else 0,
-        "time_wait_s": total("wait_s"), "time_train_s": total("train_s"), "time_broadcast_s": total("broadcast_s"),
-        "mean_pass_rate": total("pass_rate") / len(rows) if rows else 0,
-        "pass_at_1_by_source": {src: [(before or {}).get("by_source", {}).get(src, {}).get("pass_at_1"), r["pass_at_1"]]
-                                for src, r in (after or {}).get("by_source", {}).items()},
-    }
-
-
-def _summary_text(s: dict, run_dir: Path) -> str:
-    def pct(x):
-        return "n/a" if x is None else f"{100 * x:.1f}%"
-
-    busy = s["time_wait_s"] + s["time_train_s"] + s["time_broadcast_s"] or 1
-    return (f"\n== brorl run: {s['steps']} steps in {s['wall_s']:.0f} s ==\n"
-            f"held-out pass@1: {pct(s['pass_at_1_before'])} -> {pct(s['pass_at_1_after'])}\n"
-            + "".join(f"  {src}: {pct(b)} -> {pct(a)}\n" for src, (b, a) in s["pass_at_1_by_source"].items()
-                      if len(s["pass_at_1_by_source"]) > 1) +
-            f"throughput: {s['samples']:.0f} samples, {s['samples_per_s']:.1f} samples/s; "
-            f"dynamic-sampling pass rate {s['mean_pass_rate']:.2f}\n"
-            f"learner time: waiting for data {100 * s['time_wait_s'] / busy:.0f}%, training "
-            f"{100 * s['time_train_s'] / busy:.0f}%, broadcasting {100 * s['time_broadcast_s'] / busy:.0f}%\n"
-            f"plots: {run_dir / 'plots.png'}   metrics: {run_dir / 'metrics.jsonl'}\n")

@@ -40,13 +40,13 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
 def start_ranks(world: int, argv: list[str], stop_grace_s: float = 60.0, avoid: tuple[int, ...] = ()) -> int:
     """Start `world` learner ranks of `brorl <argv>` and wait for them; returns rank 0's exit status (1 if
     another rank died first). The ranks' rendezvous port is none of `avoid` (the job's own ports)."""
-    from cli.launcher import _brorl, _die_with_parent
-    from transport.weights import free_port
+    from cli.procs import brorl_command, die_with_parent
+    from transport.ports import free_port
 
     base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port(avoid=avoid)),
             "WORLD_SIZE": str(world)}
-    procs = [subprocess.Popen(_brorl(*argv), env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              start_new_session=True, preexec_fn=_die_with_parent)  # own session: no terminal ^C
+    procs = [subprocess.Popen(brorl_command(*argv), env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              start_new_session=True, preexec_fn=die_with_parent)  # own session: no terminal ^C
              for r in range(world)]
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: procs[0].poll() is None and procs[0].send_signal(signal.SIGTERM))

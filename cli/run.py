@@ -1,5 +1,5 @@
-"""`brorl run`: every role on this machine, as processes (the launcher is `cli/launcher.py`), or placed
-by Ray with `--cluster` (`cli/cluster.py`)."""
+"""`brorl run`: the whole job (`cli/job.py`) — every role on this machine as processes (`cli/launcher.py`), or
+placed by Ray with `--cluster` (`cli/cluster.py`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
-    from cli.launcher import run
+    from cli.job import run
     from tinymodel import ensure_model
 
     cfg = load(args, overrides)

@@ -63,7 +63,7 @@ def _values(name: str, raw: str) -> list:
 def rates_and_shape(spec: str | None):
     """(Rates, keep rate, the calibrated model's GB) from `--calibration`."""
     from fleet.calibration import DEFAULT, load
-    from fleet.sim import Rates
+    from fleet.model import Rates
 
     if spec == "gpu-1.5b":
         from fleet.calibration import GPU_MODEL_GB, gpu_rates
@@ -82,7 +82,8 @@ def rates_and_shape(spec: str | None):
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
     import statistics
 
-    from fleet.sim import Fleet, simulate
+    from fleet.model import Fleet
+    from fleet.sim import simulate
 
     if not set(args.in_flight.split(",")) <= {"finish", "keep"}:
         raise SystemExit(f"brorl simulate-fleet: --in-flight must be finish or keep, got {args.in_flight!r}")

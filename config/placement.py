@@ -141,7 +141,7 @@ def place(cfg: BrorlConfig, visible: int) -> Placement:
                              f"({tp}) = {need} actor GPUs after the learner's {len(learner)} "
                              f"(learner.devices = {lrn.devices}), and this host shows {visible}: lower "
                              f"actor.num_actors, or place the roles with learner.gpus / actor.gpus (the learner "
-                             f"and an actor may share a GPU: README, \"GPU placement\")")
+                             f"and an actor may share a GPU: docs/configuration.md, \"GPU placement\")")
         pool = pool[:need]
     return Placement(learner, [pool[i * tp:(i + 1) * tp] for i in range(act.num_actors)])
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fleet.sim import Fleet, Rates
+from fleet.model import Fleet, Rates
 from learner.metrics import loop_seconds
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"

@@ -223,3 +223,25 @@ def make_backend(model: torch.nn.Module, cfg: LearnerConfig) -> Backend:
     if cfg.backend == "deepspeed":
         return DeepSpeedBackend(model, cfg)
     return TorchBackend(model, cfg)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module, fraction: float = 1.0) -> list[int]:
+    """Recompute decoder layers in backward (transformers' gradient checkpointing): `fraction` of them,
+    spread evenly over the depth; returns the recomputed layers' indices. It acts in train mode only; PPO
+    needs a deterministic policy (π_old recomputed = πθ at the start of the step), so dropout is refused
+    rather than silently switched on."""
+    p = max([getattr(model.config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout", "dropout")]
+            + [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)])
+    if p > 0:
+        raise ValueError(f"learner.activation_checkpointing needs the model in train mode, where its dropout "
+                         f"({p}) would make the policy random: set the model's dropout to 0")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    layers = list(getattr(model.get_decoder(), "layers", None) or [])
+    if fraction < 1 and not all(hasattr(layer, "gradient_checkpointing") for layer in layers):
+        raise ValueError(f"learner.activation_checkpointing_fraction < 1: {type(model).__name__}'s decoder "
+                         f"layers do not say whether they recompute (no gradient_checkpointing attribute)")
+    kept = [i for i in range(len(layers)) if int((i + 1) * fraction) == int(i * fraction)]
+    for i in kept:
+        layers[i].gradient_checkpointing = False
+    return [i for i in range(len(layers)) if i not in kept]

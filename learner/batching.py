@@ -33,6 +33,7 @@ import numpy as np
 
 from config.schema import BrorlConfig
 from transport import wire
+from transport.staleness import fresh, staleness, steps_left
 
 log = logging.getLogger("brorl.learner")
 
@@ -101,7 +102,7 @@ class Dispatcher:
 
     def allowed_pending(self, step: int, actor_version: int) -> int:
         """Prompts that may be pending for an actor at `actor_version` while the learner is at `step`."""
-        steps_fresh = actor_version + self.max_staleness - step + 1
+        steps_fresh = steps_left(step, actor_version, self.max_staleness)
         return max(0, math.ceil(steps_fresh * self.B / self.keep_rate))
 
     def observe_keep_rate(self, kept: int, received: int) -> None:
@@ -195,7 +196,7 @@ class Admission:
         self.dropped_stale = 0
 
     def admit(self, g: wire.RolloutGroup, step: int) -> bool:
-        if step - g.oldest_version > self.max_staleness:
+        if not fresh(step, g.oldest_version, self.max_staleness):
             self.dropped_stale += 1
             return False
         return True
@@ -205,16 +206,16 @@ class Admission:
         every trained token (weights updated in flight give a completion tokens of several versions)."""
         keep, stale = [], []
         for g in groups:
-            if step - g.oldest_version > self.max_staleness:
+            if not fresh(step, g.oldest_version, self.max_staleness):
                 stale.append(g)
                 self.dropped_stale += 1
             else:
                 keep.append(g)
                 if len(g.versions):
-                    for s, n in enumerate(np.bincount(np.maximum(step - g.token_versions(), 0))):
+                    for s, n in enumerate(np.bincount(np.maximum(staleness(step, g.token_versions()), 0))):
                         self.staleness[s] += int(n)
                 else:
-                    self.staleness[max(step - g.policy_version, 0)] += len(g.tokens)
+                    self.staleness[max(staleness(step, g.policy_version), 0)] += len(g.tokens)
         return keep, stale
 
     def take_stats(self) -> dict:

@@ -34,7 +34,8 @@ from learner.train_step import TrainGroup
 from learner.validation import GroupValidator
 from taskdata import PromptRenderer
 from transport import wire
-from transport.weights import WeightBroadcaster, WeightSyncError, free_port
+from transport.weights import WeightBroadcaster, WeightSyncError
+from transport.ports import free_port
 from transport.zmq_transport import Endpoints, LearnerSockets, Security
 
 log = logging.getLogger("brorl.learner")

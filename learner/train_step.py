@@ -3,7 +3,7 @@
     trainer = Trainer(model, learner_cfg, n_samples=N, temperature=T, pad_id=eos)
     metrics = trainer.step(groups)          # groups: list[TrainGroup], the batch the learner assembled
 
-Inside a step (design.md, "The algorithm, precisely"):
+Inside a step (docs/architecture.md, "The algorithm"):
   1. dynamic sampling mask and REINFORCE++-baseline advantages over the step's kept samples;
   2. π_old: the learner's log-probs of every kept sample, recomputed once under no_grad (chunked);
      π_ref likewise when `kl_coef > 0`;
@@ -45,9 +45,10 @@ from learner.algorithm import (
     reinforce_pp_advantages,
     scaled_lr,
 )
-from learner.backends import Backend, make_backend
+from learner.backends import Backend, enable_activation_checkpointing, make_backend
 from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, warm_up
 from learner.logprobs import pack, token_logprobs
+from learner.microbatch import Micro, RankShare, even_out, micro_batches
 from transport import wire
 
 LENGTH = wire.FINISH_REASONS.index("length")
@@ -91,30 +92,6 @@ class TrainGroup:
                    behav_logp=[c.tolist() for c in g.completion_logprobs()], rewards=g.rewards.tolist(),
                    correct=[bool(c) for c in g.correct], version=g.policy_version,
                    truncated=[bool(f == LENGTH) for f in g.finish])
-
-
-@dataclass
-class Micro:
-    """One forward/backward pass of one rank: its samples and its weight in the mini-batch's loss."""
-
-    prompts: list[list[int]]
-    completions: list[list[int]]
-    behav: list[list[float]]
-    """log μ of each completion token."""
-    adv: list[float]
-    """Â of each sample."""
-    weight: float
-    """world × (this pass's tokens, or sequences) / (the whole mini-batch's): the factor that makes the
-    ranks' averaged, accumulated gradient the mini-batch's token-mean; 0 for a padding pass."""
-
-
-@dataclass
-class RankShare:
-    """One rank's part of a step: for every mini-batch, its micro-batches (every rank has as many)."""
-
-    minibatches: list[list[Micro]]
-    skip: bool = False
-    """The step changes nothing (non-finite advantages): only the step counter moves."""
 
 
 @dataclass
@@ -412,65 +389,3 @@ class Trainer:
     def _rank_slice(n: int, rank: int, world: int) -> tuple[int, int]:
         """Rank `rank`'s contiguous part of n samples: sizes differ by at most one, none empty if n >= world."""
         return rank * n // world, (rank + 1) * n // world
-
-
-def enable_activation_checkpointing(model: torch.nn.Module, fraction: float = 1.0) -> list[int]:
-    """Recompute decoder layers in backward (transformers' gradient checkpointing): `fraction` of them,
-    spread evenly over the depth; returns the recomputed layers' indices. It acts in train mode only; PPO
-    needs a deterministic policy (π_old recomputed = πθ at the start of the step), so dropout is refused
-    rather than silently switched on."""
-    p = max([getattr(model.config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout", "dropout")]
-            + [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)])
-    if p > 0:
-        raise ValueError(f"learner.activation_checkpointing needs the model in train mode, where its dropout "
-                         f"({p}) would make the policy random: set the model's dropout to 0")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    layers = list(getattr(model.get_decoder(), "layers", None) or [])
-    if fraction < 1 and not all(hasattr(layer, "gradient_checkpointing") for layer in layers):
-        raise ValueError(f"learner.activation_checkpointing_fraction < 1: {type(model).__name__}'s decoder "
-                         f"layers do not say whether they recompute (no gradient_checkpointing attribute)")
-    kept = [i for i in range(len(layers)) if int((i + 1) * fraction) == int(i * fraction)]
-    for i in kept:
-        layers[i].gradient_checkpointing = False
-    return [i for i in range(len(layers)) if i not in kept]
-
-
-def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[int] | None = None,
-                  prompt_len: list[int] | None = None) -> list[list[int]]:
-    """`idx` sorted by sequence length (longest first) and cut greedily into runs of at most `budget`
-    padded tokens (rows × the run's longest); a sample longer than the budget goes alone. 0: one run.
-    With `group` (shared prompts): a run holds samples of one group only, and costs its prompt once plus
-    rows × its longest completion (0: one run per group)."""
-    if not idx:
-        return []
-    if group is None:
-        def fits(run: list[int]) -> bool:
-            return budget <= 0 or (len(run) + 1) * seq_len[run[0]] <= budget
-        key = lambda i: (-seq_len[i], i)  # noqa: E731
-    else:
-        assert prompt_len is not None
-        def fits(run: list[int]) -> bool:
-            p = prompt_len[run[0]]
-            return budget <= 0 or p + (len(run) + 1) * (seq_len[run[0]] - p) <= budget
-        key = lambda i: (group[i], -seq_len[i], i)  # noqa: E731
-    out: list[list[int]] = []
-    for i in sorted(idx, key=key):
-        if out and (group is None or group[out[-1][0]] == group[i]) and fits(out[-1]):
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
-
-
-def even_out(micro: list[list[int]], count: int) -> list[list[int] | None]:
-    """Exactly `count` micro-batches (every rank runs as many passes, so collectives stay in step): split
-    the largest ones in two while any has two samples; past that, None entries (a pass that weighs 0)."""
-    micro = [list(m) for m in micro]
-    while len(micro) < count:
-        big = max((m for m in micro if len(m) > 1), key=len, default=None)
-        if big is None:
-            break
-        micro.remove(big)
-        micro += [big[: len(big) // 2], big[len(big) // 2:]]
-    return micro + [None] * (count - len(micro))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU lease as one rerunnable plan (README "GPU machines"): the gpu tests, then the benchmarks, on a machine
+# One GPU lease as one rerunnable plan (docs/development.md, "GPU machines"): the gpu tests, then the benchmarks, on a machine
 # whose vLLM and extra wheels are installed under /tmp/site. Started in the background by the call that installs
 # the last staged part:
 #   setsid nohup bash bench/gpu/lease.sh /tmp/r > /tmp/plan.log 2>&1 &
@@ -32,9 +32,9 @@ if [ "$GPUS" = 1 ]; then
   # 1. the paper's presets' learner, then the learner's MFU at the preset's best single-GPU settings,
   #    with the compiler's recompilations logged
   step presets $PT tests/gpu/test_presets_gpu.py
-  step mfu env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --mfu-add \
+  step mfu env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --tag "$TAG" --mfu-add \
        '[{"backend": "torch", "activation_checkpointing_fraction": 0.5, "micro_batch_tokens": 32768}]'
-  keep_bench 'learner_gpu*'
+  keep_bench "learner_gpu_${TAG}*"
   # 2. FP8 rollouts: the engine's speed with vLLM's FP8 weights against bf16, same prompts and settings (vLLM's
   #    quantization configs import compressed-tensors, which needs loguru and frozendict: install those
   #    three pure-Python wheels with vLLM's)

@@ -18,7 +18,7 @@ from cli.launcher import Launcher
 from config.loader import load_config, to_toml
 from learner.metrics import read
 from learner.ledger import account, check
-from transport.weights import free_ports
+from transport.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

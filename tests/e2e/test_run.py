@@ -33,7 +33,7 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
         "run.eval_interval": 5, "run.eval_prompts": 16, "run.eval_samples": 4, "transport.work_port": 0, "transport.rollout_port": 0, "transport.control_port": 0,
     })
     # fixed free ports (0 would let each process pick its own)
-    from transport.weights import free_port
+    from transport.ports import free_port
 
     ports = [free_port() for _ in range(3)]
     cfg = cfg.model_copy(update={"transport": cfg.transport.model_copy(update={

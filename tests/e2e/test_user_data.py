@@ -16,7 +16,7 @@ import pytest
 from learner.ledger import account, check
 from learner.metrics import read
 from tests.support import user_data
-from transport.weights import free_ports
+from transport.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"openai/gsm8k", "codecontests", "gpqa", "ifeval_hf", "reasoning_gym"}

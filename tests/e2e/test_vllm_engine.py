@@ -6,7 +6,9 @@ import asyncio
 import pytest
 import torch
 
-from transport.weights import WeightBroadcaster, WeightReceiver, free_port, weights_checksum
+from transport.weights import WeightBroadcaster, WeightReceiver, weights_checksum
+
+from transport.ports import free_port
 
 # vLLM and transformers both run the tiny model in float32 on CPU but with different kernels
 # (vLLM's CPU attention and fused RMSNorm/SiLU vs torch eager), so per-token log-probs differ only by

@@ -10,7 +10,7 @@ from config.loader import load_config
 from config.schema import LearnerConfig
 from learner.train_step import Trainer
 from tests.support.train_fixtures import fixed_groups
-from transport.weights import free_port
+from transport.ports import free_port
 
 
 

@@ -30,9 +30,9 @@ def test_each_role_sees_only_its_own_gpus(tmp_path):
 
 def run_on_gpus(model_dir: str, run_dir, steps: int, **over) -> list[dict]:
     """`brorl run` of the tiny job on the GPUs (NCCL weights, updates in flight); its metrics rows."""
-    from cli.launcher import run
+    from cli.job import run
     from learner.metrics import read
-    from transport.weights import free_ports
+    from transport.ports import free_ports
 
     port = free_ports(3)
     cfg = load_config("tiny-cpu", {

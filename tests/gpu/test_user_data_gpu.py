@@ -17,7 +17,7 @@ import torch
 from learner.metrics import read
 from tests.support import user_data
 from tinymodel.build import CHAT_TEMPLATE
-from transport.weights import free_ports
+from transport.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_brorl_preset_trains_a_step_of_a_1p5b_chat_model_on_a_parquet_file(tmp_p
     assert torch.cuda.device_count() >= 1, "this test needs a GPU"
     if torch.cuda.device_count() >= 2:  # the learner on GPU 0, the actor on GPU 1
         place = {"learner.gpus": [0], "actor.gpus": [1]}
-    else:  # one card for both, set up for sharing (README, GPU placement)
+    else:  # one card for both, set up for sharing (docs/configuration.md, GPU placement)
         place = {"learner.gpus": [0], "actor.gpus": [0], "transport.weight_backend": "gloo", "actor.kv_cache_gib": 16,
                  "actor.gpu_memory_utilization": 0.3}
     port = free_ports(3)

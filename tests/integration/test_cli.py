@@ -76,7 +76,7 @@ def test_a_code_job_where_the_sandbox_cannot_contain_refuses_to_start(tiny_model
     import json
     import os
 
-    from transport.weights import free_ports
+    from transport.ports import free_ports
 
     tasks = tmp_path / "code.jsonl"
     ref = {"tests": [{"input": "2\n", "output": "4"}]}

@@ -15,7 +15,7 @@ from config.loader import load_config
 from learner.metrics import read
 from learner.service import LearnerService
 from tests.support.fake_actor import FakeActor
-from transport.weights import free_ports
+from transport.ports import free_ports
 
 N, B = 4, 2
 

@@ -12,7 +12,7 @@ from config.schema import LearnerConfig
 from learner.logprobs import pack, token_logprobs
 from learner.train_step import TrainGroup, Trainer
 from tests.support.train_fixtures import fixed_groups
-from transport.weights import free_port
+from transport.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -317,7 +317,7 @@ def test_token_budget_micro_batches_and_checkpointing_equal_the_unsplit_step(tin
 def test_a_checkpointing_fraction_recomputes_that_share_of_the_layers_only(tiny_model_dir):
     """`learner.activation_checkpointing_fraction = 0.5`: half the decoder layers, spread over the depth,
     run their forward again in backward; the others run it once."""
-    from learner.train_step import enable_activation_checkpointing
+    from learner.backends import enable_activation_checkpointing
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     layers = model.get_decoder().layers
@@ -376,7 +376,7 @@ def test_compile_refuses_the_shared_prompt_and_zero3_and_a_fraction_needs_checkp
 
 
 def test_micro_batches_respect_the_budget_and_even_out_across_ranks():
-    from learner.train_step import even_out, micro_batches
+    from learner.microbatch import even_out, micro_batches
 
     seq_len = [5, 9, 3, 9, 20, 1, 7, 7]
     runs = micro_batches(list(range(8)), seq_len, 18)
@@ -448,7 +448,7 @@ def test_a_step_with_shared_prompts_equals_the_unshared_step(tiny_model_dir, flo
         for mine, ref in zip(grads, ref_g):
             for k, v in ref.items():
                 torch.testing.assert_close(mine[k], v, rtol=1e-9, atol=1e-12, msg=lambda s: f"{over} {k}: {s}")
-    from learner.train_step import micro_batches
+    from learner.microbatch import micro_batches
     runs = micro_batches(list(range(6)), [10, 12, 11, 14, 10, 13], 15, group=[0, 1, 0, 1, 0, 1],
                          prompt_len=[8] * 6)
     assert all(len({i % 2 for i in r}) == 1 for r in runs)  # one group per run

@@ -10,8 +10,8 @@ import torch
 
 from transport.blocking import in_daemon_thread
 from transport.checksum import bucket_checksum, bucket_checksum_tensor
+from transport.ports import free_port
 from transport.weights import (
-    free_port,
     open_group,
     WeightBroadcaster,
     WeightSyncError,
@@ -61,7 +61,7 @@ def test_checksum_detects_any_change():
 
 
 def test_consecutive_free_ports_never_run_past_the_last_port(monkeypatch):
-    import transport.weights as w
+    import transport.ports as w
 
     picks = iter([65534, 65535])  # what free_port may hand out at the top of the range: 3 ports do not fit
     real = w.free_port
@@ -73,7 +73,7 @@ def test_consecutive_free_ports_never_run_past_the_last_port(monkeypatch):
 def test_consecutive_free_ports_keep_out_of_a_range_to_avoid(monkeypatch):
     """(Ray's workers' ports, in the cluster tests): a run whose first port is outside but the next ones are
     inside is not taken either."""
-    import transport.weights as w
+    import transport.ports as w
 
     picks = iter([29999])  # 29999 is free to avoid, 30000 and 30001 are not
     real = w.free_port

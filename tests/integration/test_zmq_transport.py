@@ -343,7 +343,7 @@ async def test_lost_control_messages_are_noticed_and_answered_by_a_new_snapshot(
 async def test_barrier_against_a_learner_that_never_answers_ends_at_its_deadline():
     """No learner: the hellos fill the send queue (HWM 1) and `send` would wait for ever; the barrier still
     ends at its deadline, with an error that says what is missing (a CI run once hung here for an hour)."""
-    from transport.weights import free_ports
+    from transport.ports import free_ports
 
     port = free_ports(3)
     actor = ActorSockets(Endpoints("127.0.0.1", port, port + 1, port + 2), "a0", hwm=1)
@@ -359,7 +359,7 @@ async def test_barrier_against_a_learner_that_never_answers_ends_at_its_deadline
 def test_picked_ports_are_outside_the_kernels_ephemeral_range_and_avoid_the_given_ones():
     """A port from the ephemeral range can be taken by an outgoing connection's source port before its owner
     binds it (even by a client reconnecting to that very port: TCP self-connect)."""
-    from transport.weights import _ephemeral_range, free_port, free_ports
+    from transport.ports import _ephemeral_range, free_port, free_ports
 
     lo, hi = _ephemeral_range()
     ports = [free_port() for _ in range(200)]

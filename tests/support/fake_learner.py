@@ -7,7 +7,8 @@ import asyncio
 import torch
 
 from transport import wire
-from transport.weights import WeightBroadcaster, free_port, free_ports
+from transport.weights import WeightBroadcaster
+from transport.ports import free_port, free_ports
 from transport.zmq_transport import Endpoints, LearnerSockets
 from verifiers import synthetic
 

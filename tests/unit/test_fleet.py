@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleet.sim import Fleet, Rates, Sim, simulate
+from fleet.model import Fleet, Rates
+from fleet.sim import Sim, simulate
 
 
 def small(**over) -> Fleet:

@@ -1,6 +1,6 @@
 """The paper's qualitative simulator claims (section 4.1), on a reduced configuration that runs in CI
 time (d = 16,000, |P| = 1,250, T = 300; the default run is d = 128,000, |P| = 10,000, T = 1000).
-Only claims that the full default run also reproduces are asserted (README, "The theory, runnable")."""
+Only claims that the full default run also reproduces are asserted (docs/theory.md)."""
 
 import subprocess
 import sys

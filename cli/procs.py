@@ -1,0 +1,33 @@
+"""The processes `brorl` starts: the command line of a role (`brorl_command`), a child that dies with its
+launcher (`die_with_parent`) and the kill of a whole process group (`kill_group`); used by the one-machine
+launcher, the Ray launcher and the learner's ranks."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def brorl_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cli", *args]
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies (however it dies)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the process group kill on the way out still applies
+        return
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

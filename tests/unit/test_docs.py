@@ -1,0 +1,54 @@
+"""The documentation: the MkDocs site (`mkdocs.yml`, `docs/`) builds in strict mode, so a link or anchor that
+points at nothing fails the build; and every relative link and anchor of the README points at a file or
+heading that exists."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def headings(markdown: str) -> set[str]:
+    """The anchors GitHub and MkDocs give a page's headings (fenced code left out)."""
+    text = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+    out = set()
+    for h in re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.M):
+        h = re.sub(r"[`*]", "", h).strip().lower()
+        out.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", h)))
+    return out
+
+
+def test_the_docs_site_builds_with_every_link_and_anchor_resolved(tmp_path):
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    pages = {p.relative_to(ROOT / "docs").with_suffix("").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    built = {p.parent.relative_to(site).as_posix() for p in site.rglob("index.html")}
+    assert {p.removesuffix("index").rstrip("/") or "." for p in pages} <= built | {"."}
+    assert (site / "bench" / "results" / "e2e_h200_3l_p3.png").exists()  # the figures the pages show
+
+
+def test_every_relative_link_in_the_readme_resolves():
+    text = (ROOT / "README.md").read_text()
+    own = headings(text)
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(links) > 20
+    broken = []
+    for target in links:
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        if not path:
+            ok = anchor in own
+        else:
+            ok = (ROOT / path).exists() and (not anchor or anchor in headings((ROOT / path).read_text()))
+        if not ok:
+            broken.append(target)
+    assert broken == [], f"README links to nothing: {broken}"
+
+
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300  # depth goes to docs/
