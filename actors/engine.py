@@ -49,6 +49,7 @@ def engine_kwargs(model: ModelConfig, actor: ActorConfig, seed: int = 0, weight_
         worker_extension_cls=WORKER_EXTENSION,
         **({"scheduler_cls": FINAL_LOGPROBS_SCHEDULER} if actor.logprobs_at_end else {}),
         **({"kv_cache_memory_bytes": int(actor.kv_cache_gib * 2**30)} if actor.kv_cache_gib else {}),
+        **({"quantization": actor.quantization} if actor.quantization != "none" else {}),
     )
 
 

@@ -111,6 +111,9 @@ def place(cfg: BrorlConfig, visible: int) -> Placement:
         if act.gpus or tp > 1:
             raise ValueError(f"actor.gpus {act.gpus} / actor.tensor_parallel_size = {tp} need GPUs, and this "
                              f"host shows none")
+        if act.quantization != "none":
+            raise ValueError(f"actor.quantization = {act.quantization!r} needs GPU actors (vLLM's FP8 kernels), and "
+                             f"this host shows no GPU: set actor.quantization = \"none\"")
         return Placement()
     if not _learner_on_gpu(cfg):
         learner: list[int] = []

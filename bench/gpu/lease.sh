@@ -43,6 +43,8 @@ if [ "$GPUS" = 1 ]; then
   keep_bench "actor_${TAG}_bf16*" "actor_${TAG}_fp8*"
   # 3. a user's model and data through `brorl run`, learner and actor sharing the one GPU
   step userdata $PT tests/gpu/test_user_data_gpu.py
+  # 4. an FP8 engine taking a bf16 weight update (needs the compressed-tensors wheels above)
+  step fp8 $PT tests/gpu/test_fp8_gpu.py
 else
   step presets env CUDA_VISIBLE_DEVICES=0 $PT tests/gpu/test_presets_gpu.py &
   a=$!
@@ -50,7 +52,7 @@ else
   b=$!
   wait $a $b  # not a bare `wait`: it would wait for the nvidia-smi sampler too, forever
   step gpu env CUDA_VISIBLE_DEVICES=0,1 $PT tests/gpu/test_gpu.py tests/gpu/test_in_flight_gpu.py \
-       tests/gpu/test_placement_gpu.py
+       tests/gpu/test_placement_gpu.py tests/gpu/test_fp8_gpu.py
   # the whole loop against the raw engine (1 learner + 1 actor), with the compiler's recompilations logged
   step e2e env CUDA_VISIBLE_DEVICES=0,1 TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b \
        --cases 1:16:keep,1:512:keep --steps 8 --raw-steps 4 --tag "${TAG}x2"

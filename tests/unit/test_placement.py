@@ -86,6 +86,17 @@ def test_a_shared_gpu_without_its_settings_is_refused_naming_the_one_missing(fie
             k: v for k, v in {**SHARED, field: value}.items() if k not in ("learner.gpus", "actor.gpus")}}), 1)
 
 
+def test_fp8_actors_need_gpus_and_reach_the_engine_as_vllms_quantization():
+    from actors.engine import engine_kwargs
+
+    c = load_config("tiny-cpu", {"actor.quantization": "fp8"})
+    with pytest.raises(ValueError, match=r"actor.quantization = 'fp8' needs GPU actors"):
+        place(c, 0)
+    assert place(cfg(**{"actor.quantization": "fp8"}), 2) == Placement([0], [[1]])
+    assert engine_kwargs(c.model, c.actor)["quantization"] == "fp8"
+    assert "quantization" not in engine_kwargs(c.model, load_config("tiny-cpu").actor)  # bf16: vLLM's default path
+
+
 def test_each_role_sees_only_its_gpus_through_the_launchers_own_view():
     assert visible_env([0, 2], None) == "0,2"
     assert visible_env([1, 2], "4,6,7") == "6,7"  # the launcher itself sees physical GPUs 4, 6, 7

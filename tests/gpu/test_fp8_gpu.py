@@ -1,0 +1,81 @@
+"""FP8 rollouts (`actor.quantization = "fp8"`) on one GPU: vLLM quantizes the weights as it loads them and again
+after each update that arrives in bf16 (its layerwise reload), so the engine samples from the new weights; the
+behaviour log-probs it reports are the FP8 policy's, near the learner's full-precision ones (the gap is printed:
+truncated IS corrects it, `mismatch_kl` reports it)."""
+
+import asyncio
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from config.loader import load_config
+from transport.ports import free_port
+
+
+@pytest.mark.gpu
+def test_an_fp8_engine_takes_each_weight_update_and_samples_from_it(tiny_model_dir, monkeypatch, tmp_path):
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM
+
+    from actors.engine import engine_kwargs, offline_env, sampling_params
+    from learner.logprobs import pack, token_logprobs
+    from transport.weights import WeightBroadcaster, WeightReceiver
+
+    offline_env()
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is up in this process already
+    cfg = load_config("tiny-cpu", {"model.path": tiny_model_dir, "model.dtype": "bfloat16",  # FP8 GEMMs give bf16
+                                   "actor.gpu_memory_utilization": 0.3, "actor.kv_cache_gib": 0,
+                                   "actor.quantization": "fp8"})
+    kw = engine_kwargs(cfg.model, cfg.actor, weight_backend="gloo")
+    assert kw["quantization"] == "fp8"
+    llm = LLM(**kw)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()  # the learner, on CPU
+
+    def gap(m, llm=llm):
+        """(mean |log π − log μ|, mean (log μ − log π)) over the engine's sampled tokens, π = `m` in fp32."""
+        outs = llm.generate(["3+4=", "12-5=", "7*6="], sampling_params(cfg.actor, n=16, max_tokens=8), use_tqdm=False)
+        P, C, B = [], [], []
+        for o in outs:
+            for c in o.outputs:
+                P.append(list(o.prompt_token_ids))
+                C.append(list(c.token_ids))
+                B.append([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
+        b = pack(P, C)
+        with torch.no_grad():
+            lp, _ = token_logprobs(m, b)
+        mu = torch.zeros_like(lp).masked_scatter(b.mask, torch.tensor([x for r in B for x in r]))
+        d = (mu - lp)[b.mask]
+        return d.abs().mean().item(), d.mean().item()
+
+    before = gap(model)
+    old = copy.deepcopy(model)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+
+    async def sync():
+        bc = WeightBroadcaster(lambda: model.state_dict().items(), bucket_mb=0.5, timeout_s=60, backend="gloo",
+                               dtype=torch.bfloat16)
+        rx = WeightReceiver(llm, is_async=False)
+        info, offs = bc.rendezvous_info(free_port(), [1])
+        await asyncio.gather(bc.open(info), rx.join(info, offs[0], bc.plan.to_dict()))
+        return await asyncio.gather(bc.broadcast(), rx.receive(1))
+
+    sent, (version, checksum) = asyncio.run(sync())
+    assert (version, checksum) == (1, sent)
+    new, stale = gap(model), gap(old)
+    # the same weights loaded by a fresh FP8 engine: what FP8 itself costs these weights
+    import shutil
+
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "new")
+    for f in Path(tiny_model_dir).glob("tok*"):
+        shutil.copy(f, tmp_path / "new")
+    fresh_cfg = cfg.model.model_copy(update={"path": str(tmp_path / "new")})
+    fresh = gap(model.float(), LLM(**engine_kwargs(fresh_cfg, cfg.actor, weight_backend="gloo")))
+    print({"fp8 gap before update (mean |Δ|, KL est.)": before, "after, to the new weights": new,
+           "after, to the old weights": stale, "a fresh FP8 engine of the new weights": fresh})
+    assert stale[0] > 3 * new[0], (new, stale)  # it samples from the new weights, quantized
+    assert new[0] < 2 * fresh[0] + 0.05, (new, fresh)  # re-quantized at the update as at a load
