@@ -3,7 +3,6 @@ after each update that arrives in bf16 (its layerwise reload), so the engine sam
 behaviour log-probs it reports are the FP8 policy's, near the learner's full-precision ones (the gap is printed:
 truncated IS corrects it, `mismatch_kl` reports it)."""
 
-import asyncio
 import copy
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import pytest
 import torch
 
 from config.loader import load_config
-from transport.ports import free_port
 
 
 @pytest.mark.gpu
@@ -21,7 +19,7 @@ def test_an_fp8_engine_takes_each_weight_update_and_samples_from_it(tiny_model_d
 
     from actors.engine import engine_kwargs, offline_env, sampling_params
     from learner.logprobs import pack, token_logprobs
-    from transport.weights import WeightBroadcaster, WeightReceiver
+    from tests.support.vllm_weights import broadcast_into
 
     offline_env()
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is up in this process already
@@ -56,15 +54,7 @@ def test_an_fp8_engine_takes_each_weight_update_and_samples_from_it(tiny_model_d
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
 
-    async def sync():
-        bc = WeightBroadcaster(lambda: model.state_dict().items(), bucket_mb=0.5, timeout_s=60, backend="gloo",
-                               dtype=torch.bfloat16)
-        rx = WeightReceiver(llm, is_async=False)
-        info, offs = bc.rendezvous_info(free_port(), [1])
-        await asyncio.gather(bc.open(info), rx.join(info, offs[0], bc.plan.to_dict()))
-        return await asyncio.gather(bc.broadcast(), rx.receive(1))
-
-    sent, (version, checksum) = asyncio.run(sync())
+    sent, (version, checksum) = broadcast_into(llm, model, "gloo", dtype=torch.bfloat16)
     assert (version, checksum) == (1, sent)
     new, stale = gap(model), gap(old)
     # the same weights loaded by a fresh FP8 engine: what FP8 itself costs these weights

@@ -1,8 +1,6 @@
 """CUDA tests: deselected where no GPU exists (tests/conftest.py); run on the GPU machine with
 `pytest tests/gpu` (vLLM for CUDA installed, 2 GPUs for the NCCL test)."""
 
-import asyncio
-
 import pytest
 import torch
 
@@ -10,8 +8,6 @@ from config.loader import load_config
 from config.schema import LearnerConfig
 from learner.train_step import Trainer
 from tests.support.train_fixtures import fixed_groups
-from transport.ports import free_port
-
 
 
 @pytest.mark.gpu
@@ -45,7 +41,7 @@ def test_vllm_cuda_logprobs_and_nccl_weight_broadcast(tiny_model_dir):
 
     from actors.engine import engine_kwargs, offline_env, sampling_params
     from learner.logprobs import pack, token_logprobs
-    from transport.weights import WeightBroadcaster, WeightReceiver
+    from tests.support.vllm_weights import broadcast_into
 
     offline_env()
     cfg = load_config("tiny-cpu", {"model.path": tiny_model_dir, "actor.gpu_memory_utilization": 0.3, "actor.kv_cache_gib": 0,
@@ -79,15 +75,7 @@ def test_vllm_cuda_logprobs_and_nccl_weight_broadcast(tiny_model_dir):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
 
-    async def sync():
-        torch.cuda.set_device(learner_dev)
-        bc = WeightBroadcaster(lambda: model.state_dict().items(), bucket_mb=0.5, timeout_s=60, backend="nccl")
-        rx = WeightReceiver(llm, is_async=False)
-        info, offs = bc.rendezvous_info(free_port(), [1])
-        await asyncio.gather(bc.open(info), rx.join(info, offs[0], bc.plan.to_dict()))
-        return await asyncio.gather(bc.broadcast(), rx.receive(1))
-
-    sent, (version, checksum) = asyncio.run(sync())
+    sent, (version, checksum) = broadcast_into(llm, model, "nccl", device=learner_dev)
     assert (version, checksum) == (1, sent)
     err_new, err_old = behaviour_error(model), behaviour_error(old)
     assert err_new < 5e-2 and err_old > 10 * err_new, (err_new, err_old)  # it samples from the new weights
