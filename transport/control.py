@@ -49,7 +49,7 @@ class ControlPublisher:
     key, with CURVE) and its routes dropped."""
 
     def __init__(self, ctx: zmq.asyncio.Context, ep: Endpoints, sec: Security, lim: Limits, auth=None):
-        self.ctx, self.sec, self.lim, self.auth, self.host = ctx, sec, lim, auth, ep.host
+        self.auth = auth
         self.sock = ctx.socket(zmq.ROUTER)
         _tune(self.sock, dataclasses.replace(lim, max_frame=SUBSCRIPTION_FRAME))
         self.sock.setsockopt(zmq.SNDHWM, lim.hwm)

@@ -18,8 +18,7 @@ def test_an_fp8_engine_takes_each_weight_update_and_samples_from_it(tiny_model_d
     from vllm import LLM
 
     from actors.engine import engine_kwargs, offline_env, sampling_params
-    from learner.logprobs import pack, token_logprobs
-    from tests.support.vllm_weights import broadcast_into
+    from tests.support.vllm_weights import behaviour_gap, broadcast_into
 
     offline_env()
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is up in this process already
@@ -33,18 +32,7 @@ def test_an_fp8_engine_takes_each_weight_update_and_samples_from_it(tiny_model_d
 
     def gap(m, llm=llm):
         """(mean |log π − log μ|, mean (log μ − log π)) over the engine's sampled tokens, π = `m` in fp32."""
-        outs = llm.generate(["3+4=", "12-5=", "7*6="], sampling_params(cfg.actor, n=16, max_tokens=8), use_tqdm=False)
-        P, C, B = [], [], []
-        for o in outs:
-            for c in o.outputs:
-                P.append(list(o.prompt_token_ids))
-                C.append(list(c.token_ids))
-                B.append([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
-        b = pack(P, C)
-        with torch.no_grad():
-            lp, _ = token_logprobs(m, b)
-        mu = torch.zeros_like(lp).masked_scatter(b.mask, torch.tensor([x for r in B for x in r]))
-        d = (mu - lp)[b.mask]
+        d = behaviour_gap(llm, m, ["3+4=", "12-5=", "7*6="], sampling_params(cfg.actor, n=16, max_tokens=8))
         return d.abs().mean().item(), d.mean().item()
 
     before = gap(model)

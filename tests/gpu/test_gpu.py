@@ -40,8 +40,7 @@ def test_vllm_cuda_logprobs_and_nccl_weight_broadcast(tiny_model_dir):
     from vllm import LLM
 
     from actors.engine import engine_kwargs, offline_env, sampling_params
-    from learner.logprobs import pack, token_logprobs
-    from tests.support.vllm_weights import broadcast_into
+    from tests.support.vllm_weights import behaviour_gap, broadcast_into
 
     offline_env()
     cfg = load_config("tiny-cpu", {"model.path": tiny_model_dir, "actor.gpu_memory_utilization": 0.3, "actor.kv_cache_gib": 0,
@@ -51,18 +50,8 @@ def test_vllm_cuda_logprobs_and_nccl_weight_broadcast(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).to(learner_dev).eval()
 
     def behaviour_error(m):
-        outs = llm.generate(["3+4=", "12-5="], sampling_params(cfg.actor, n=8, max_tokens=8), use_tqdm=False)
-        P, C, B = [], [], []
-        for o in outs:
-            for c in o.outputs:
-                P.append(list(o.prompt_token_ids))
-                C.append(list(c.token_ids))
-                B.append([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
-        b = pack(P, C, device=learner_dev)
-        with torch.no_grad():
-            lp, _ = token_logprobs(m, b)
-        mu = torch.zeros_like(lp).masked_scatter(b.mask, torch.tensor([x for r in B for x in r], device=learner_dev))
-        return (lp - mu).abs()[b.mask].max().item()
+        gap = behaviour_gap(llm, m, ["3+4=", "12-5="], sampling_params(cfg.actor, n=8, max_tokens=8), learner_dev)
+        return gap.abs().max().item()
 
     # CUDA kernels differ from torch's in reduction order (and vLLM may use TF32): a few 1e-3 per token
     # at most; a policy that is not the one sampled from is off by far more (checked below)
