@@ -5,6 +5,7 @@ its own, and where each step's time goes.
     python -m bench.e2e --shape qwen2-1.5b --actors 1 3      # GPUs: the learner on GPU 0, actors on 1.., raw on 1
     python -m bench.e2e --shape qwen2-1.5b --actors 3 --p3   # and N = 512 against N = 16, keep against finish
     python -m bench.e2e --shape qwen2-1.5b --learner-gpus 2 --actors 1   # the learner on GPUs 0-1 (ZeRO-2)
+    python -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep --share-gpu  # one GPU, learner and actor on it
 
 Model: `tinymodel.shaped` (random weights of a real model's shape, a tokenizer of its whole vocabulary),
 built once under runs/bench/e2e/. Task: `throughput:0.5:<prompt chars>` (a set pass rate, so a random
@@ -162,6 +163,10 @@ def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
             "train_s_per_step": sum(r["train_s"] for r in steady) / len(steady),
             "broadcast_s_per_step": sum(r["broadcast_s"] for r in steady) / len(steady),
             "kept_share": sum(r["groups_kept"] for r in steady) / max(1, sum(r["groups_received"] for r in steady)),
+            # the learner's own figures (learner/flops.py; `learner.compile`: frames compiled after the first step)
+            "learner_mfu": sum(r.get("mfu", 0.0) for r in steady) / len(steady),
+            "learner_tflops": sum(r.get("model_tflops", 0.0) for r in steady) / len(steady),
+            "compiled_frames_after_step_1": sum(r.get("compiled_frames", 0.0) for r in m[1:]),
             "per_step": per_step}
 
 
@@ -179,6 +184,8 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every run and the raw engine (VALUE read as JSON, else as text), "
                          "e.g. --set learner.compile=false; repeatable")
+    ap.add_argument("--share-gpu", action="store_true", help="the learner and the actor on GPU 0 (one-GPU machines: "
+                    "weights over gloo, a 24 GiB KV cache, the engine at most 0.45 of the card; config/placement.py)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--raw-steps", type=int, default=4, help="steps' worth of prompts the raw engine generates")
     ap.add_argument("--tag", default="")
@@ -195,6 +202,9 @@ def main() -> None:
     if a.quick:
         a.shape, a.steps = "small", 6
     a.overrides = overrides(a.set)  # parsed once, before any engine starts
+    if a.share_gpu:
+        a.overrides = {"actor.gpus": [0], "transport.weight_backend": "gloo", "actor.kv_cache_gib": 24,
+                       "actor.gpu_memory_utilization": 0.45, **a.overrides}
     gpu = a.shape != "small"
     gpus = _gpus() if gpu else 0
     model = model_dir(a.shape)
@@ -210,7 +220,8 @@ def main() -> None:
     for n in sorted({n for _, n, _ in cases}):
         preset, over = job(a.shape, 1, a.steps, model, n=n)
         over.update(a.overrides)
-        raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["learner.prompts_per_step"], 1 if gpu else None)}
+        raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["learner.prompts_per_step"],
+                                 min(1, gpus - 1) if gpu else None)}  # an actor's GPU (GPU 0 on a one-GPU machine)
         print(f"raw engine, N = {n}: {raws[n]['samples_per_s']:.1f} samples/s", file=sys.stderr)
     runs, side_by_side = [], gpu and gpus >= 2 * (a.learner_gpus + 1)
     todo = list(cases)
@@ -234,7 +245,8 @@ def main() -> None:
     print("\nbrorl run (steady state)")
     print(table(runs, ["learner_gpus", "actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
                        "actor_idle_share", "busy_of_raw", "learner_wait_share", "train_s_per_step",
-                       "broadcast_s_per_step", "kept_share", "aborted_stale_requests"]))
+                       "broadcast_s_per_step", "kept_share", "aborted_stale_requests", "learner_mfu",
+                       "compiled_frames_after_step_1"]))
     path = _write(a, model, raws, runs)
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
 

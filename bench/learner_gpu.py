@@ -17,11 +17,9 @@ Cases:
   preset    (tests/gpu) one step with a preset's learner settings and N: the paper's presets train on a GPU
   scale     ZeRO-2 on 1, 2 and 4 ranks (as many as there are GPUs), the same step (8 groups × N = 64, 256 + 1,024 tokens), second step timed
 
-Model FLOPs of a step: per sample of s = prompt + completion tokens and r response tokens, one forward is
-2·P·s + 2·layers·d·s² (matmuls over the P non-embedding parameters; causal attention) + 2·V·d·r (the LM
-head, on response tokens only); a step runs the π_old forward and the training forward and backward:
-4 forwards' worth. Recomputation (activation checkpointing) does not count. MFU = those FLOPs / step
-time / the card's dense bf16 peak (H100 and H200 SXM: 989 TFLOP/s).
+Model FLOPs of a step: the learner's own count (`learner/flops.py`: per sample, the training forward and
+backward, π_old's forward outside the first mini-batch; recomputation does not count). MFU = those FLOPs /
+step time / the card's dense bf16 peak (H100 and H200 SXM: 989 TFLOP/s).
 """
 
 from __future__ import annotations
@@ -33,11 +31,11 @@ import sys
 import time
 from pathlib import Path
 
+from learner.flops import peak_flops
 from tinymodel.shaped import SHAPES
 
 QWEN_15B = {k: SHAPES["qwen2-1.5b"][k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                  "num_attention_heads", "num_key_value_heads", "vocab_size")}
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 
 
 def model_15b(device: str, max_len: int = 40_960):
@@ -67,26 +65,6 @@ def synthetic_groups(groups: int, n: int, prompt_len: int, comp_lens: list[int],
     return out
 
 
-def step_flops(groups, shape: dict = QWEN_15B) -> float:
-    d, layers, V = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]
-    kv = d * shape["num_key_value_heads"] // shape["num_attention_heads"]
-    per_layer = d * d * 2 + d * kv * 2 + 3 * d * shape["intermediate_size"]  # q, o; k, v; gate, up, down
-    P = layers * per_layer
-    fwd = 0.0
-    for g in groups:
-        for c in g.completion_ids:
-            s, r = len(g.prompt_ids) + len(c), len(c)
-            fwd += 2 * P * s + 2 * layers * d * s * s + 2 * V * d * r
-    return 4 * fwd
-
-
-def peak_flops() -> float:
-    import torch
-
-    name = torch.cuda.get_device_name(0)
-    return next((v for k, v in PEAK_BF16.items() if k in name), float("nan"))
-
-
 ONLY_LEARNER = {"verifiers.task": "synthetic"}
 """The learner alone is measured on synthetic groups: the presets' own data (`data.train`, which they require)
 is not read, so a generator stands in for it."""
@@ -99,8 +77,9 @@ def preset_learner(preset: str = "brorl-1.5b", **over):
     return cfg.learner
 
 
-def run_step(groups, learner_cfg, steps: int = 1, ranks=None) -> dict:
-    """Build the model and the trainer as the learner does, run `steps` steps; time the last."""
+def run_step(groups, learner_cfg, steps: int = 1, ranks=None, profile: bool = False) -> dict:
+    """Build the model and the trainer as the learner does, run `steps` steps; time the last. `profile`: the
+    last step under torch.profiler too (after a timed one), its 20 costliest GPU kernels in the result."""
     import torch
 
     from learner.train_step import Trainer
@@ -117,17 +96,34 @@ def run_step(groups, learner_cfg, steps: int = 1, ranks=None) -> dict:
         m = tr.step(groups)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+    top = _profiled(lambda: tr.step(groups)) if profile else None
     if ranks is not None:
         ranks.stop_followers()
-    flops = step_flops(groups)
+    flops = m["model_tflops"] * 1e12 * m["train_s"]  # the step's own count (learner/flops.py)
     seq_tokens = sum(len(g.prompt_ids) + len(c) for g in groups for c in g.completion_ids)
     world = ranks.world if ranks is not None else 1
     return {"seconds": dt, "samples": sum(len(g.rewards) for g in groups), "seq_tokens": seq_tokens,
             "response_tokens": m["train_tokens"], "tokens_per_s": seq_tokens / dt, "tflops": flops / dt / 1e12,
-            "mfu": flops / dt / (world * peak_flops()),
+            "mfu": flops / dt / (world * (peak_flops(learner_cfg.device) or float("nan"))),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "micro_batches": m["micro_batches"],
             "padding_frac": m["padding_frac"], "decoder_tokens": m["decoder_tokens"], "loss": m["loss"],
-            "ok": True}
+            "ok": True, **({"profile": top} if top else {})}
+
+
+def _profiled(step) -> list[dict]:
+    """One step under torch.profiler: the kernels by GPU time, the top 20 with their share of the step's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in rows) or 1.0
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30), file=sys.stderr)
+    return [{"kernel": e.key[:120], "ms": e.self_device_time_total / 1e3, "share": e.self_device_time_total / total,
+             "calls": e.count} for e in rows[:20]]
 
 
 def case(kind: str, p: dict) -> dict:
@@ -147,7 +143,7 @@ def case(kind: str, p: dict) -> dict:
         lc = preset_learner(prompts_per_step=p["groups"], **over)
         groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
         try:
-            return {**p, **run_step(groups, lc, steps=p.get("steps", 1))}
+            return {**p, **run_step(groups, lc, steps=p.get("steps", 1), profile=p.get("profile", False))}
         except torch.OutOfMemoryError as e:
             return {**p, "ok": False, "error": str(e)[:200], "tokens_per_s": 0.0, "mfu": 0.0}
     if kind == "preset":  # one step with a preset's own learner settings and its group size N
@@ -187,7 +183,11 @@ def side_by_side(one, kind: str, cases: list[dict]) -> list[dict]:
     def on_a_gpu(p: dict) -> dict:
         g = gpus.get()
         try:
-            r = one(kind, p, {"CUDA_VISIBLE_DEVICES": visible_env([g], os.environ.get("CUDA_VISIBLE_DEVICES"))})
+            try:
+                r = one(kind, p, {"CUDA_VISIBLE_DEVICES": visible_env([g], os.environ.get("CUDA_VISIBLE_DEVICES"))})
+            except RuntimeError as e:  # the case's process failed: a row saying why, the others still run and are kept
+                print(f"  {kind} {p}: FAILED\n{e}", file=sys.stderr)
+                return {**p, "ok": False, "error": str(e)[-300:], "tokens_per_s": 0.0, "mfu": 0.0}
             print(f"  {kind} {p}: {r.get('tokens_per_s', 0):.0f} tokens/s, MFU {r.get('mfu', 0):.3f}", file=sys.stderr)
             return r
         finally:

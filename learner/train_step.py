@@ -5,7 +5,12 @@
 
 Inside a step (docs/architecture.md, "The algorithm"):
   1. dynamic sampling mask and REINFORCE++-baseline advantages over the step's kept samples;
-  2. π_old: the learner's log-probs of every kept sample, recomputed once under no_grad (chunked);
+  2. π_old: the learner's log-probs of every kept sample, recomputed once under no_grad (chunked), but
+     those of the first mini-batch: π_old is the policy at the start of the step, which before the first
+     optimizer step is the policy being trained, so that mini-batch's training forward computes them itself
+     (detached; the ratio is exactly 1 there, as PPO defines it). That is the one pass the algorithm lets a
+     step skip exactly: 1 / `num_minibatches` of the π_old pass, all of it with one mini-batch
+     (`tests/integration/test_train_step.py::test_reusing_the_first_minibatch_forward_as_pi_old_is_exact`);
      π_ref likewise when `kl_coef > 0`;
   3. the kept samples are shuffled and cut into `num_minibatches` mini-batches — a fixed number
      whatever N is, so larger N means larger mini-batches (paper 4.2); one optimizer step each, at
@@ -37,61 +42,22 @@ from typing import TYPE_CHECKING
 import torch
 
 from config.schema import LearnerConfig
-from learner.algorithm import (
-    dynamic_sampling_mask,
-    overlong_penalty,
-    pass_rate,
-    policy_loss,
-    reinforce_pp_advantages,
-    scaled_lr,
-)
+from learner.algorithm import policy_loss, scaled_lr
 from learner.backends import Backend, enable_activation_checkpointing, make_backend
 from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, warm_up
+from learner.flops import ModelShape, peak_flops
 from learner.logprobs import pack, token_logprobs
-from learner.microbatch import Micro, RankShare, even_out, micro_batches
-from transport import wire
-
-LENGTH = wire.FINISH_REASONS.index("length")
+from learner.microbatch import RankShare
+from learner.planning import TrainGroup, plan_step
 
 if TYPE_CHECKING:
     from learner.ranks import Ranks
 
 
-@dataclass
-class TrainGroup:
-    """One prompt and its N completions, as the trainer takes them (`from_wire`: from an actor's group)."""
+def _compiled_frames() -> int:
+    from torch._dynamo.utils import counters
 
-    prompt_ids: list[int]
-    """Prompt token ids."""
-    completion_ids: list[list[int]]
-    """N completions, token ids each."""
-    behav_logp: list[list[float]]
-    """N lists: log μ(y_t) of each sampled token, as reported by the actor."""
-    rewards: list[float]
-    """N rewards."""
-    correct: list[bool]
-    """N correctness flags (dynamic sampling and accuracy use these)."""
-    version: int = 0
-    """Policy version that generated the group."""
-    truncated: list[bool] | None = None
-    """N flags: the completion was cut at `actor.max_tokens` (finish reason "length"); None: none was."""
-
-    def __post_init__(self) -> None:
-        n = len(self.completion_ids)
-        for name in ("behav_logp", "rewards", "correct"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"TrainGroup.{name} has {len(getattr(self, name))} entries for {n} completions")
-        for i, (c, b) in enumerate(zip(self.completion_ids, self.behav_logp)):
-            if len(c) != len(b):
-                raise ValueError(f"TrainGroup.behav_logp[{i}] has {len(b)} values for {len(c)} tokens")
-
-    @classmethod
-    def from_wire(cls, g: wire.RolloutGroup) -> "TrainGroup":
-        """The trainer's view of a received group (token ids and behaviour log-probs split per completion)."""
-        return cls(prompt_ids=g.prompt_ids.tolist(), completion_ids=[c.tolist() for c in g.completions()],
-                   behav_logp=[c.tolist() for c in g.completion_logprobs()], rewards=g.rewards.tolist(),
-                   correct=[bool(c) for c in g.correct], version=g.policy_version,
-                   truncated=[bool(f == LENGTH) for f in g.finish])
+    return counters["frames"]["ok"]
 
 
 @dataclass
@@ -142,6 +108,9 @@ class Trainer:
         self._gen = torch.Generator().manual_seed(cfg.seed)
         self.compiling = WarmUp()
         """`learner.compile`: every rank compiles what a step meets at the start of the first step."""
+        self.reuse_old = True
+        self._shape: ModelShape | None = None  # for the step's model FLOPs (learner/flops.py), read at the first step
+        """π_old of the first mini-batch from its training forward (the module's docstring); False recomputes it."""
 
     @property
     def model(self) -> torch.nn.Module:
@@ -196,91 +165,27 @@ class Trainer:
         t0 = time.perf_counter()
         metrics, shares = self.plan(groups)
         ranks = self.ranks
+        frames = _compiled_frames()
         metrics.update(self.run(ranks.command("step", shares) if ranks else shares[self.backend.rank]))
         metrics["train_s"] = time.perf_counter() - t0
+        if self.cfg.compile:  # frames torch compiled during the step (this rank): 0 once the warm-up covered all
+            metrics["compiled_frames"] = float(_compiled_frames() - frames)
+        flops = metrics.pop("_model_flops", 0.0)
+        if flops and metrics["train_s"] > 0:
+            metrics["model_tflops"] = flops / metrics["train_s"] / 1e12  # of all ranks (learner/flops.py)
+            peak = peak_flops(self.cfg.device)
+            if peak:
+                metrics["mfu"] = flops / metrics["train_s"] / (self.world * peak)
         return metrics
 
     def plan(self, groups: list[TrainGroup]) -> tuple[dict[str, float], list[RankShare]]:
         """Dynamic sampling, advantages, the shuffle into `num_minibatches` mini-batches and every rank's
-        micro-batches of each (a share per rank). Also the step's group-level metrics."""
-        if not groups:
-            raise ValueError("groups is empty: a step needs at least one group")
-        cfg, world = self.cfg, self.world
-        n = len(groups[0].rewards)
-        if any(len(g.rewards) != n for g in groups):
-            raise ValueError("groups differ in N; one step takes groups of one rollout size")
-        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-        correct = torch.tensor([g.correct for g in groups], dtype=torch.bool)
-        lengths = torch.tensor([[len(c) for c in g.completion_ids] for g in groups])
-        cut = torch.tensor([g.truncated or [False] * n for g in groups], dtype=torch.bool)
-        if cfg.overlong_buffer:  # DAPO's soft overlong punishment, on the reward before the baseline
-            rewards = rewards + overlong_penalty(lengths, self.max_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
-        keep = dynamic_sampling_mask(correct) if cfg.dynamic_sampling else torch.ones(len(groups), dtype=torch.bool)
-        adv = reinforce_pp_advantages(rewards, keep)
-        metrics: dict[str, float] = {
-            "truncated_frac": cut.float().mean().item(),  # of the batch's completions: cut at actor.max_tokens
-            "completion_len_mean": lengths.float().mean().item(), "completion_len_max": float(lengths.max().item()),
-            "prompt_len_mean": sum(len(g.prompt_ids) for g in groups) / len(groups),
-            "prompt_len_min": float(min(len(g.prompt_ids) for g in groups)),
-            "reward_mean": rewards.mean().item(),
-            "accuracy": correct.float().mean().item(),
-            "groups": float(len(groups)),
-            "groups_kept": float(keep.sum().item()),
-            "train_pass_rate": pass_rate(keep, n),  # of the groups trained (the batcher's pass_rate: of all)
-            "lr": self.lr,
-        }
-        if not torch.isfinite(adv[keep]).all():  # e.g. rewards so large that their spread overflows
-            metrics.update(nonfinite_skipped=float(cfg.num_minibatches), step_skipped=1.0, grad_norm=float("nan"))
-            return metrics, [RankShare([], skip=True)] * world
-        prompts, comps, behav, sample_adv, group_of = [], [], [], [], []
-        masked = 0
-        for gi, g in enumerate(groups):
-            if not keep[gi]:
-                continue
-            for i in range(n):
-                if cfg.overlong_filter and cut[gi, i]:
-                    masked += 1  # overlong filtering: in its group's baseline, out of the loss
-                    continue
-                if not g.completion_ids[i]:
-                    continue  # an empty completion has no token to train (and none to count)
-                prompts.append(g.prompt_ids)
-                comps.append(g.completion_ids[i])
-                behav.append(g.behav_logp[i])
-                sample_adv.append(adv[gi, i].item())
-                group_of.append(gi)
-        metrics["overlong_masked"] = float(masked)
-        if not keep.any():
-            raise ValueError("no group survived dynamic sampling: the caller must backfill before a step")
-        if not prompts:  # every completion empty or masked: nothing to train, the step only moves the version
-            metrics.update(step_empty=1.0, samples=0.0)
-            return metrics, [RankShare([], skip=True)] * world
-        S = len(prompts)
-        metrics["samples"] = float(S)
-        order = torch.randperm(S, generator=self._gen)
-        mbs = [order[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
-        mbs = [mb.sort().values for mb in mbs if len(mb)]
-        metrics["minibatches"] = float(len(mbs))
-        seq_len = [len(p) + len(c) for p, c in zip(prompts, comps)]
-        shares = [RankShare([]) for _ in range(world)]
-        for mb in mbs:
-            idx = mb.tolist()
-            if len(idx) < world:
-                raise ValueError(f"a mini-batch of {len(idx)} samples cannot be split over {world} ranks")
-            unit = {i: len(comps[i]) if cfg.loss_agg == "token-mean" else int(len(comps[i]) > 0) for i in idx}
-            total = sum(unit.values())  # the whole mini-batch's (all ranks') tokens or sequences: the loss's divisor
-            parts = [idx[slice(*self._rank_slice(len(idx), r, world))] for r in range(world)]
-            shared = (group_of, [len(p) for p in prompts]) if cfg.share_prompt else (None, None)
-            micro = [micro_batches(p, seq_len, cfg.micro_batch_tokens, *shared) for p in parts]
-            count = max(len(m) for m in micro)  # the same on every rank: collectives stay in step
-            for r in range(world):
-                passes = []
-                for mi in even_out(micro[r], count):
-                    mine = sum(unit[i] for i in mi) if mi is not None else 0
-                    mi = mi if mi is not None else micro[r][0][:1]  # a pass that weighs 0
-                    passes.append(Micro([prompts[i] for i in mi], [comps[i] for i in mi], [behav[i] for i in mi],
-                                        [sample_adv[i] for i in mi], world * mine / total))
-                shares[r].minibatches.append(passes)
-        return metrics, shares
+        micro-batches of each (a share per rank); the step's group-level metrics (`learner/planning.py`)."""
+        if self._shape is None:
+            self._shape = ModelShape.of(self.model)
+        return plan_step(groups, self.cfg, world=self.world, generator=self._gen, max_tokens=self.max_tokens,
+                         lr=self.lr, shape=self._shape, reuse_old=self.reuse_old,
+                         reference=self.state.ref_model is not None)
 
     def run(self, share: RankShare) -> dict[str, float]:
         """Train on this rank's share of a step: π_old (and π_ref) of every micro-batch first, then one
@@ -291,9 +196,10 @@ class Trainer:
         if share.skip:
             self.state.step += 1
             return {}
-        # π_old is the policy at the start of the step: recomputed for every micro-batch before the first update
+        # π_old is the policy at the start of the step: recomputed for every micro-batch before the first update,
+        # but the first mini-batch's, which are its training forward's own log-probs (the module's docstring)
         work, padded, real = [], 0, 0
-        for passes in share.minibatches:
+        for j, passes in enumerate(share.minibatches):
             micros = []
             for m in passes:
                 packed = pack(m.prompts, m.completions, self.pad_id, dev, share_prompt=cfg.share_prompt,
@@ -302,7 +208,7 @@ class Trainer:
                 for r, lp in enumerate(m.behav):
                     b[r, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
                 a = torch.tensor(m.adv, dtype=torch.float32)
-                old, _ = self._logp(self.model, packed, grad=False)
+                old = None if j == 0 and self.reuse_old else self._logp(self.model, packed, grad=False)[0]
                 ref = self._logp(self.state.ref_model, packed, grad=False)[0] if self.state.ref_model else None
                 micros.append((packed, old, b.to(dev), a.to(dev), ref, m.weight))
                 counts = packed.token_counts()
@@ -316,7 +222,7 @@ class Trainer:
             for k, (packed, old, b, a, ref, weight) in enumerate(micros):
                 logp, ent = self._logp(self.model, packed, grad=True)
                 loss, m = policy_loss(
-                    logp, old, b, a, packed.mask,
+                    logp, logp.detach() if old is None else old, b, a, packed.mask,
                     eps_low=cfg.eps_low, eps_high=cfg.eps_high, tis_cap=cfg.tis_cap,
                     kl_coef=cfg.kl_coef, ref_logp=ref, loss_agg=cfg.loss_agg, entropy=ent,
                 )
@@ -384,8 +290,3 @@ class Trainer:
     def _sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
         keys = sorted(values)
         return dict(zip(keys, self._reduce([values[k] for k in keys], "sum")))
-
-    @staticmethod
-    def _rank_slice(n: int, rank: int, world: int) -> tuple[int, int]:
-        """Rank `rank`'s contiguous part of n samples: sizes differ by at most one, none empty if n >= world."""
-        return rank * n // world, (rank + 1) * n // world

@@ -28,7 +28,23 @@ TAG=${TAG:-h200}
 GPUS=$(nvidia-smi -L | wc -l)
 PT="python3 -m pytest -q -s -p no:cacheprovider"
 ACT="python3 -m bench.actor --preset brorl-1.5b --dummy-1p5b --total 4096 --prompt-len 512 --max-tokens 256 --repeats 1 --cases 512:on,16:on"
-if [ "$GPUS" = 1 ]; then
+if [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
+  # one GPU, the learner's speed (issue: the whole loop at the speed of its engines): the MFU case at the best
+  # single-GPU settings, profiled, and two lighter checkpointing choices; then the loop on the shared GPU with
+  # the compiler's recompilations logged (the learner's `compiled_frames` and `mfu` per step in metrics.jsonl);
+  # then the presets' gpu test (the learner's step was split into plan and run)
+  step mfu python3 -m bench.learner --gpu --tag "$TAG" --mfu-add '[
+    {"backend": "torch", "activation_checkpointing_fraction": 0.5, "micro_batch_tokens": 32768, "profile": true},
+    {"backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 16384},
+    {"backend": "torch", "activation_checkpointing_fraction": 0.25, "micro_batch_tokens": 16384}]'
+  keep_bench "learner_gpu_${TAG}*"
+  step e2e env TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep --steps 6 \
+       --raw-steps 2 --share-gpu --tag "${TAG}shared"
+  keep_bench "e2e_${TAG}shared*"
+  for d in runs/bench/e2e/run-*; do n=$(basename "$d"); mkdir -p "$R/bench/$n"; cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/$n/" 2>/dev/null; done
+  pack
+  step presets $PT tests/gpu/test_presets_gpu.py
+elif [ "$GPUS" = 1 ]; then  # ONE=engine
   # 1. the paper's presets' learner, then the learner's MFU at the preset's best single-GPU settings,
   #    with the compiler's recompilations logged
   step presets $PT tests/gpu/test_presets_gpu.py

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from config.schema import LearnerConfig
 from learner.logprobs import pack, token_logprobs
+from learner.planning import rank_slice
 from learner.train_step import TrainGroup, Trainer
 from tests.support.train_fixtures import fixed_groups
 from transport.ports import free_port
@@ -141,7 +142,7 @@ def test_every_rank_gets_a_part_of_every_mini_batch(world):
     """n >= world samples split over `world` ranks: contiguous, covering, sizes within one, none empty
     (5 samples on 4 ranks used to leave the last rank nothing)."""
     for n in range(world, 70):
-        parts = [Trainer._rank_slice(n, r, world) for r in range(world)]
+        parts = [rank_slice(n, r, world) for r in range(world)]
         assert parts[0][0] == 0 and parts[-1][1] == n
         assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
         sizes = [b - a for a, b in parts]
@@ -263,7 +264,7 @@ def _varied_groups(tiny_model_dir, prompt_repeat: int = 1):
     return groups, eos
 
 
-def _one_step(tiny_model_dir, groups, eos, warm_up=False, **over):
+def _one_step(tiny_model_dir, groups, eos, warm_up=False, reuse_old=True, **over):
     """One step's metrics and the accumulated gradient of each mini-batch, as the optimizer got it (in
     float64, so that summation order leaves no visible trace). `warm_up` (`learner.compile`): the compile
     warm-up first (as the first step runs it), which must change no weight and leave no gradient; the
@@ -272,8 +273,15 @@ def _one_step(tiny_model_dir, groups, eos, warm_up=False, **over):
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
-    cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3, **over)
+    cfg = LearnerConfig(**{"prompts_per_step": len(groups), "num_minibatches": 2, "lr": 1e-3, **over})
     tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
+    tr.reuse_old = reuse_old
+    no_grad_passes, logp = [0], tr._logp
+
+    def counting_logp(model, packed, grad):
+        no_grad_passes[0] += not grad
+        return logp(model, packed, grad)
+    tr._logp = counting_logp
     if warm_up:
         before = {k: v.clone() for k, v in tr.model.state_dict().items()}
         tr.compiling.ensure(tr)
@@ -287,10 +295,38 @@ def _one_step(tiny_model_dir, groups, eos, warm_up=False, **over):
         return step()
     tr.backend.step = recording_step
     frames = counters["frames"]["ok"]
+    passes_before = no_grad_passes[0]
     m = tr.step(groups)
+    m["no_grad_passes"] = no_grad_passes[0] - passes_before
     if warm_up:
         m["compiled_in_step"] = counters["frames"]["ok"] - frames
     return m, grads
+
+
+@pytest.mark.parametrize("minibatches", [1, 3])
+def test_reusing_the_first_minibatch_forward_as_pi_old_is_exact(tiny_model_dir, minibatches):
+    """π_old of the first mini-batch taken from its training forward (no no-grad pass for it) gives the loss,
+    the metrics and every mini-batch's gradient of the step that recomputes it, bit for bit; with one
+    mini-batch the step runs no no-grad pass at all."""
+    groups, eos = _varied_groups(tiny_model_dir)
+    over = {"num_minibatches": minibatches, "micro_batch_tokens": 64}
+    ref_m, ref_g = _one_step(tiny_model_dir, groups, eos, reuse_old=False, **over)
+    m, g = _one_step(tiny_model_dir, groups, eos, **over)
+    assert len(g) == len(ref_g) == minibatches
+    per_mb = ref_m["no_grad_passes"] // minibatches  # micro-batches per mini-batch (as many in each, here)
+    assert ref_m["no_grad_passes"] >= minibatches and m["no_grad_passes"] == ref_m["no_grad_passes"] - per_mb
+    assert m.pop("no_grad_passes") != ref_m.pop("no_grad_passes")
+    assert m.keys() == ref_m.keys()
+    # the step's model FLOPs (learner/flops.py) leave out the skipped forward: fewer, by a forward of the first
+    # mini-batch's samples; a CPU has no known peak, so no MFU
+    flops, ref_flops = (x.pop("model_tflops") * x.pop("train_s") for x in (m, ref_m))
+    assert 0 < flops < ref_flops and "mfu" not in m
+    assert ref_flops - flops == pytest.approx(ref_flops / (4 * minibatches), rel=0.5)
+    assert m == ref_m
+    for mine, ref in zip(g, ref_g):
+        assert mine.keys() == ref.keys()
+        for k, v in ref.items():
+            assert torch.equal(mine[k], v), k
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean"])
@@ -353,6 +389,7 @@ def test_compiled_layers_and_log_probs_give_the_eager_step(tiny_model_dir):
                                activation_checkpointing=True)  # 1-row micro-batches, masks dropped
     assert one_row["micro_batches"] > m["micro_batches"] > 2 * 2 and m["padding_frac"] > 0
     assert m["compiled_in_step"] == one_row["compiled_in_step"] == 0  # the warm-up compiled it all
+    assert m["compiled_frames"] == one_row["compiled_frames"] == 0  # and the step's own metric says so
     assert lp._compiled_chunk_logp is not None  # the compiled chunk ran
     assert m["micro_batches"] == ref_m["micro_batches"] > 2
     # Qwen2's RMSNorm rounds to float32 and back in eager mode; the fused kernel may skip that round trip,

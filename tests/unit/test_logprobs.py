@@ -51,3 +51,18 @@ def test_rows_per_chunk_and_bad_input(model):
         pack([], [])
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(model, pack([[1]], [[2]]), temperature=0)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_scoring_pass_builds_no_kv_cache(model, grad):
+    """Without activation checkpointing transformers builds a KV cache by default; the learner never reads one,
+    and under `learner.compile` each layer guarded on its own cache slot (a recompile per layer on an H200)."""
+    seen = []
+    hook = model.get_decoder().layers[0].register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(kwargs.get("past_key_values")), with_kwargs=True)
+    try:
+        with torch.set_grad_enabled(grad):
+            token_logprobs(model, pack([[1, 2, 3]] * 2, [[4, 5], [6]]))
+    finally:
+        hook.remove()
+    assert seen == [None]
