@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -52,3 +54,22 @@ def test_every_relative_link_in_the_readme_resolves():
 
 def test_the_readme_stays_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 300  # depth goes to docs/
+
+
+def test_benchmark_tables_equal_what_their_data_renders(capsys):
+    """Every `<!-- rendered: NAME -->` table of docs/benchmarks is what bench/render.py makes of bench/results."""
+    from bench.render import main
+
+    assert main(["--check"]) == 0, capsys.readouterr().out[-3000:]
+
+
+def test_a_figure_typed_over_a_rendered_table_is_caught_and_an_unknown_table_named():
+    from bench.render import BLOCK, PAGES, render_page
+
+    page = (PAGES / "transport.md").read_text()
+    block = BLOCK.search(page)
+    assert block is not None and "271,496" in block["body"]
+    edited = page.replace("271,496", "300,000")
+    assert render_page(edited, "transport.md") == page != edited
+    with pytest.raises(SystemExit, match="nosuch"):
+        render_page("<!-- rendered: nosuch -->\n| a |\n<!-- /rendered -->", "x.md")

@@ -1,0 +1,168 @@
+"""The benchmark pages' tables, rendered from their data: `python -m bench.render` rewrites every table of
+`docs/benchmarks/*.md` that sits between the markers
+
+    <!-- rendered: NAME -->
+    ...
+    <!-- /rendered -->
+
+from `bench/results/*.json` (NAME is a key of `TABLES`), with a line under it naming the results file and
+the machine, card and date it was measured on. `python -m bench.render --check` changes nothing and fails,
+naming each table, where a page differs from what its data renders (the unit tests run it). A figure in a
+rendered table is never typed by hand: rerun the benchmark and this command.
+
+Add a table: a function here that takes the results file's JSON and returns (header, alignments, rows), an
+entry in `TABLES`, and the markers on the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PAGES = ROOT / "docs" / "benchmarks"
+BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /rendered -->)", re.S)
+
+Table = tuple[list[str], str, list[list[str]]]
+"""(header, one alignment character per column: 'l' or 'r', rows of cells)."""
+
+
+def n(x: float, digits: int = 0) -> str:
+    """A number with thousands separators."""
+    return f"{x:,.{digits}f}"
+
+
+def pct(x: float, digits: int = 0) -> str:
+    return f"{100 * x:.{digits}f} %"
+
+
+def _transport(d: dict) -> Table:
+    rows = sorted(d["rows"], key=lambda r: (r["paced"], r["completion_tokens"], r["curve"]))
+    target = d["target_samples_per_s"]
+    return (["completions", "CURVE", "sender", "samples/s", "MB/s", "p50 / p99 latency (ms)", "receiver cores"], "lllrrrr",
+            [[f"{r['completion_tokens'] // 1024}k tokens", "on" if r["curve"] else "off",
+              f"paced at {n(target)}/s" if r["paced"] else "flat out", n(r["samples_per_s"]), n(r["MB_per_s"]),
+              f"{r['latency_p50_ms']:.0f} / {r['latency_p99_ms']:.0f}", f"{r['receiver_cores']:.2f}"] for r in rows])
+
+
+def _pm(x: float, sd: float | None, fmt: Callable[[float], str]) -> str:
+    return fmt(x) + (f" ± {fmt(sd)}" if sd else "")
+
+
+def _staleness(d: dict) -> Table:
+    rows = []
+    for r in sorted(d["rows"], key=lambda r: r["max_staleness"]):
+        rows.append([str(r["max_staleness"]), n(r["samples_per_s"]), pct(r["wait_share"]), pct(r["idle_share"]),
+                     f"{_pm(r['steady_samples_per_s'], r.get('steady_samples_per_s_std'), n)}, "
+                     f"{_pm(r['steady_wait_share'], r.get('steady_wait_share_std'), lambda v: pct(v, 1))}",
+                     _pm(r["staleness_mean"], r.get("staleness_mean_std"), lambda v: f"{v:.2f}"),
+                     f"{r['mismatch_kl']:.3f}" if r["mismatch_kl"] >= 1e-4 else "0",
+                     pct(r["tis_clip_frac"], 1), pct(r["pass_at_1_end"], 1)])
+    return (["max_staleness K", "samples/s", "learner waiting for data", "actor engine idle",
+             "steady state: samples/s, learner waiting", "mean staleness (tokens)", "mismatch KL", "TIS clip",
+             "held-out pass@1 after"], "rrrrrrrrr", rows)
+
+
+def _params(p: int) -> str:
+    return f"{p / 1e9:g} B" if p >= 1e9 else f"{p / 1e6:g} M"
+
+
+def _sync_cell(r: dict | None) -> str:
+    if r is None:
+        return "—"
+    t, w = r["total_s"], r["wire_s"]
+    unit, k = ("s", 1) if t >= 0.1 else ("ms", 1e3)
+    return f"{t * k:.{2 if unit == 's' else 1}f} {unit} (wire {w * k:.{2 if unit == 's' else 1}f} {unit}: {t / w:.2f} ×)"
+
+
+def _weight_sync(d: dict) -> Table:
+    params = sorted({r["params"] for r in d["rows"]})
+    receivers = sorted({r["receivers"] for r in d["rows"]})
+    at = {(r["params"], r["receivers"]): r for r in d["rows"]}
+    return (["parameters"] + [f"{d['rows'][0]['backend']}, {k} receiver{'s' * (k > 1)}" for k in receivers],
+            "r" * (1 + len(receivers)), [[_params(p)] + [_sync_cell(at.get((p, k))) for k in receivers] for p in params])
+
+
+def _logprob_memory(d: dict) -> Table:
+    at = {(r["vocab"], r["tokens"], r["chunked"]): r for r in d["logprob_memory"]}
+    keys = sorted({(v, t) for v, t, _ in at})
+    return (["vocab", "response tokens", "chunked peak extra (MiB)", "unchunked peak extra (MiB)"], "rrrr",
+            [[n(v), n(t), n(at[v, t, True]["peak_extra_mb"]), n(at[v, t, False]["peak_extra_mb"])] for v, t in keys])
+
+
+PADDING_CASES = {"one pass": "one pass, padded to the longest", "fixed rows (16)": "16 samples per pass, in shuffled order",
+                 "token budget": "`micro_batch_tokens` (sorted by length, the presets)",
+                 "shared prompt": "the same with `share_prompt` (one group per pass)"}
+
+
+def _padding(d: dict) -> Table:
+    return (["passes of each mini-batch", "passes", "padding", "positions computed"], "lrrr",
+            [[PADDING_CASES.get(r["passes"], r["passes"]), str(r["count"]), pct(r["padding_frac"], 1),
+              f"{r['positions'] / 1e6:.3g} M"] for r in d["rows"]])
+
+
+TABLES: dict[str, tuple[str, Callable[[dict], Table]]] = {
+    "transport": ("transport.json", _transport),
+    "staleness": ("staleness.json", _staleness),
+    "weight-sync-cpu": ("weight_sync.json", _weight_sync),
+    "weight-sync-nccl": ("weight_sync_nccl.json", _weight_sync),
+    "learner-logprob-memory": ("learner.json", _logprob_memory),
+    "padding": ("padding.json", _padding),
+}
+"""Rendered table name -> (results file under bench/results, the function that renders it)."""
+
+
+def markdown(name: str) -> str:
+    """The table `name` as Markdown, with its source and stamp line."""
+    file, fn = TABLES[name]
+    d = json.loads((RESULTS / file).read_text())
+    header, align, rows = fn(d)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(cells) + " |" for cells in [header, sep, *rows]]
+    st = d.get("stamp", {})
+    when = str(st.get("time", "?"))[:10]
+    where = st.get("device", "?")
+    where = f"{st.get('cpu_count', '?')}-core {st.get('cpu', 'CPU')}".strip() if where == "cpu" else where
+    versions = ", ".join(f"{k} {st[k]}" for k in ("torch", "vllm", "deepspeed") if st.get(k))
+    return "\n".join(lines) + f"\n\n<small>`bench/results/{file}`: {where}, {when}; {versions}</small>\n"
+
+
+def render_page(text: str, page: str) -> str:
+    def one(m: re.Match) -> str:
+        name = m["name"]
+        if name not in TABLES:
+            raise SystemExit(f"{page}: <!-- rendered: {name} --> names no table (bench/render.py has {sorted(TABLES)})")
+        return m.group(1) + markdown(name) + m.group(4)
+    return BLOCK.sub(one, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; fail where a page differs from its data")
+    args = ap.parse_args(argv)
+    stale = []
+    for page in sorted(PAGES.glob("*.md")):
+        text = page.read_text()
+        new = render_page(text, page.name)
+        if new == text:
+            continue
+        if args.check:
+            stale.append(page.name)
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(page), "rendered"))
+        else:
+            page.write_text(new)
+            print(f"rendered {page.relative_to(ROOT)}")
+    if stale:
+        print(f"\n{', '.join(stale)}: tables differ from bench/results (run `python -m bench.render`)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
