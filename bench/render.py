@@ -107,6 +107,22 @@ def _padding(d: dict) -> Table:
               f"{r['positions'] / 1e6:.3g} M"] for r in d["rows"]])
 
 
+def _e2e(d: dict) -> Table:
+    raw = {r["n"]: r["samples_per_s"] for r in d["raw"]}
+    rows = []
+    for r in d["runs"]:
+        busy = r.get("busy_of_raw", r["of_raw"] / max(1e-9, 1 - r["actor_idle_share"]))
+        gpus = f"{r.get('learner_gpus') or 1} + {r['actors']}, " if d.get("shape") != "small" else ""
+        rows.append([f"{gpus}N = {r['n']}, {'kept' if r['update'] == 'keep' else 'finished'}",
+                     n(raw[r["n"]], 1), n(r["samples_per_s"], 1), pct(r["of_raw"]), pct(busy),
+                     pct(r["actor_idle_share"]), pct(r["learner_wait_share"]), f"{r['train_s_per_step']:.1f} s"])
+    for k in sorted(set(raw) - {r["n"] for r in d["runs"]}):  # a raw engine measured whose run did not come
+        rows.append([f"N = {k}", n(raw[k], 1), "not run", "", "", "", "", ""])
+    return (["learner + actor GPUs, N, updates" if d.get("shape") != "small" else "N, updates", "raw engine samples/s",
+             "`brorl run` samples/s", "of raw", "of raw while the actor had work", "actor idle", "learner waiting",
+             "learner training per step"], "lrrrrrrr", rows)
+
+
 TABLES: dict[str, tuple[str, Callable[[dict], Table]]] = {
     "transport": ("transport.json", _transport),
     "staleness": ("staleness.json", _staleness),
@@ -114,6 +130,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], Table]]] = {
     "weight-sync-nccl": ("weight_sync_nccl.json", _weight_sync),
     "learner-logprob-memory": ("learner.json", _logprob_memory),
     "padding": ("padding.json", _padding),
+    **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e) for tag in ("h200_3l_p3", "h200_3l", "h100_2l", "h100_p3", "h100", "cpu")},
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""
 
