@@ -123,7 +123,33 @@ def _e2e(d: dict) -> Table:
              "learner training per step"], "lrrrrrrr", rows)
 
 
-TABLES: dict[str, tuple[str, Callable[[dict], Table]]] = {
+ACTOR_RUNS = ("actor_h200_fp8", "actor_h200_bf16", "actor_h200_p2c", "actor_h200_p2", "actor_h100_p2b", "actor_h100_p2",
+              "actor_h200", "actor_h200_dict_logprobs", "actor")
+"""`bench.actor` runs on the actor page, one row each (their files under bench/results)."""
+
+
+def _actor_runs(runs: list[dict]) -> Table:
+    rows = []
+    for d in sorted(runs, key=lambda d: d["stamp"]["time"], reverse=True):
+        a, st = d["args"], d["stamp"]
+        at = {(r["N"], r["logprobs"]): r["samples_per_s"] for r in d["rows"]}
+
+        def cell(n_: int, on: bool) -> str:
+            for key, note in (("on", ""), (True, " (per step)")) if on else (("off", ""), (False, "")):
+                if (n_, key) in at:
+                    return n(at[n_, key], 1) + note
+            return "—"
+        card = "CPU" if st.get("device") == "cpu" else st.get("device", "?").replace("NVIDIA ", "").split(" ")[0]
+        quant = json.loads(a.get("engine_kw") or "{}").get("quantization")
+        what = f"`{d['_file'].removesuffix('.json')}`"
+        rows.append([st["time"][:10], card, f"{what}{', ' + quant if quant else ''}, {a['repeats']} repeat{'s' * (a['repeats'] > 1)}",
+                     f"{a['prompt_len']} + {a['max_tokens']}", cell(16, True), cell(16, False), cell(512, True),
+                     cell(512, False)])
+    return (["date", "card", "run", "prompt + max tokens", "N = 16 with log-probs", "without", "N = 512 with log-probs",
+             "without"], "lllrrrrr", rows)
+
+
+TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "transport": ("transport.json", _transport),
     "staleness": ("staleness.json", _staleness),
     "weight-sync-cpu": ("weight_sync.json", _weight_sync),
@@ -131,6 +157,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], Table]]] = {
     "learner-logprob-memory": ("learner.json", _logprob_memory),
     "padding": ("padding.json", _padding),
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e) for tag in ("h200_3l_p3", "h200_3l", "h100_2l", "h100_p3", "h100", "cpu")},
+    "actor-runs": (tuple(f"{f}.json" for f in ACTOR_RUNS), _actor_runs),
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""
 
@@ -138,6 +165,11 @@ TABLES: dict[str, tuple[str, Callable[[dict], Table]]] = {
 def markdown(name: str) -> str:
     """The table `name` as Markdown, with its source and stamp line."""
     file, fn = TABLES[name]
+    if isinstance(file, tuple):  # a table of several runs: one results file each, stamped row by row
+        header, align, rows = fn([{**json.loads((RESULTS / f).read_text()), "_file": f} for f in file])
+        sep = ["---:" if a == "r" else "---" for a in align]
+        lines = ["| " + " | ".join(cells) + " |" for cells in [header, sep, *rows]]
+        return "\n".join(lines) + f"\n\n<small>`bench/results/`: {', '.join(f'`{f}`' for f in file)}</small>\n"
     d = json.loads((RESULTS / file).read_text())
     header, align, rows = fn(d)
     sep = ["---:" if a == "r" else "---" for a in align]
