@@ -123,6 +123,39 @@ def _e2e(d: dict) -> Table:
              "learner training per step"], "lrrrrrrr", rows)
 
 
+def _mfu_label(r: dict) -> str:
+    ckpt = "no recomputation" if r.get("activation_checkpointing") is False else \
+        f"{r.get('activation_checkpointing_fraction', 1.0):g} of the layers recomputed"
+    return (f"{'compiled' if r.get('compile') else 'eager'}, {ckpt}, {r.get('backend') or 'deepspeed'}, "
+            f"{(r.get('micro_batch_tokens') or 65536) // 1024}k-token micro-batches")
+
+
+def _learner_mfu(d: dict) -> Table:
+    rows = [[_mfu_label(r)] + ([n(r["tokens_per_s"]), n(r["tflops"]), pct(r["mfu"], 1), f"{r['peak_gib']:.1f}",
+                                f"{r['seconds']:.2f}"] if r.get("ok", True) and r.get("tokens_per_s") else
+                               ["out of memory" if "memory" in str(r.get("error", "")) else "failed", "", "", "", ""])
+            for r in sorted(d["mfu"], key=lambda r: -r.get("mfu", 0.0))]
+    return (["case", "tokens/s", "TFLOP/s", "MFU", "peak GiB", "step s"], "lrrrrr", rows)
+
+
+def _learner_scale(d: dict) -> Table:
+    return (["learner GPUs (ZeRO-2 ranks)", "tokens/s", "speed-up", "MFU", "peak GiB per GPU"], "rrrrr",
+            [[str(r["ranks"]), n(r["tokens_per_s"]), f"{r['speedup']:.2f} ×", pct(r["mfu"], 1), f"{r['peak_gib']:.1f}"]
+             for r in d["scale"]])
+
+
+def _learner_longest(d: dict) -> Table:
+    return (["longest completion (8 of them, 504 of 256 tokens, N = 512)", "trains", "peak GiB", "step s", "padding"],
+            "rlrrr", [[n(r["L"]), "yes" if r.get("ok") else "no: " + str(r.get("error", ""))[:60],
+                       f"{r.get('peak_gib', 0):.1f}", f"{r.get('seconds', 0):.1f}", pct(r.get("padding_frac", 0))]
+                      for r in d["longest"]])
+
+
+def _learner_shared(d: dict) -> Table:
+    return (["N", "prompt tokens", "completion tokens", "shared prompt against unshared (tokens/s)"], "rrrr",
+            [[str(r["n"]), n(r["prompt"]), n(r["completion"]), f"{r['speedup']:.2f} ×"] for r in d["shared"]])
+
+
 ACTOR_RUNS = ("actor_h200_fp8", "actor_h200_bf16", "actor_h200_p2c", "actor_h200_p2", "actor_h100_p2b", "actor_h100_p2",
               "actor_h200", "actor_h200_dict_logprobs", "actor")
 """`bench.actor` runs on the actor page, one row each (their files under bench/results)."""
@@ -158,6 +191,10 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "padding": ("padding.json", _padding),
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e) for tag in ("h200_3l_p3", "h200_3l", "h100_2l", "h100_p3", "h100", "cpu")},
     "actor-runs": (tuple(f"{f}.json" for f in ACTOR_RUNS), _actor_runs),
+    "learner-gpu-mfu": ("learner_gpu.json", _learner_mfu),
+    "learner-gpu-scale": ("learner_gpu.json", _learner_scale),
+    "learner-gpu-longest": ("learner_gpu.json", _learner_longest),
+    "learner-gpu-shared": ("learner_gpu.json", _learner_shared),
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""
 
