@@ -21,7 +21,7 @@ import time
 import uuid
 
 from actors.engine import make_async_engine, offline_env
-from actors.in_flight import TokenVersions, WeightUpdates
+from actors.in_flight import InFlightPolicy, TokenVersions
 from actors.pipeline import GroupPipeline
 from actors.scoring import ScoringPool
 from actors.stats import ActorStats, EngineLoad
@@ -67,9 +67,9 @@ class Actor:
             loop.add_signal_handler(sig, self.stopping.set)
         self.sync.receiver = WeightReceiver(self.supervisor.start(), is_async=True)
         self.pool = ScoringPool(self.cfg.verifiers.workers, self.cfg.verifiers.timeout_s)
-        self.updates = WeightUpdates(self.cfg, self.supervisor, self.sync, self.load, self.stats, self.versions,
-                                     self._error)
-        await self.updates.track(self.supervisor.engine)
+        self.in_flight_policy = InFlightPolicy(self.cfg, self.supervisor, self.sync, self.load, self.stats,
+                                               self.versions, self._error)
+        await self.in_flight_policy.track(self.supervisor.engine)
         self.pipeline = GroupPipeline(self.cfg, self.actor_id, self.supervisor, self.sync, self.load, self.pool,
                                       self.verifiers, self.stats, self.versions)
         t = self.cfg.transport
@@ -118,7 +118,7 @@ class Actor:
 
     async def _engine_up(self, engine) -> None:
         self.stats.engine_restarts = self.supervisor.restarts
-        await self.updates.track(engine)
+        await self.in_flight_policy.track(engine)
         self.sync.engine_restarted(WeightReceiver(engine, is_async=True))
         await self._request(0, [])  # hand back what the dead engine had in flight
         await self.sockets.work.send(self.sockets.hello(self.sync.version))
@@ -185,7 +185,7 @@ class Actor:
 
     async def _weights_loop(self) -> None:
         while True:
-            await self.updates.apply(await self.sync.next_update(), self.inflight)
+            await self.in_flight_policy.apply(await self.sync.next_update(), self.inflight)
 
     async def _request(self, credits: int, returned: list[int]) -> None:
         returned, self.returned = self.returned + returned, []

@@ -97,8 +97,9 @@ class TokenVersions:
         self._marks.pop(rid, None)
 
 
-class WeightUpdates:
-    """Applies one announced update to the actor's engine by the configured policy."""
+class InFlightPolicy:
+    """`actor.in_flight_on_update`: how an announced weight update meets the requests in flight (keep them with
+    per-token versions, let them finish first, or abort them), and applying the update to the engine so."""
 
     def __init__(self, cfg, supervisor, sync, load, stats, versions: TokenVersions, on_error: Callable[[str], Any]):
         self.mode = cfg.actor.in_flight_on_update

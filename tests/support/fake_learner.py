@@ -76,6 +76,20 @@ class FakeLearner:
                 raise TimeoutError(f"{actor_id} said no hello within {timeout_s:.0f} s")
             await asyncio.sleep(0.05)
 
+    async def wait_heartbeat(self, where, what: str, timeout_s: float = 60.0) -> wire.Heartbeat:
+        """The first heartbeat received (or to come within `timeout_s`) for which `where` holds; a busy machine may
+        delay one by seconds, so a test waits for it rather than sleeping a fixed time."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while True:
+            hit = next((h for h in self.heartbeats if where(h)), None)
+            if hit is not None:
+                return hit
+            if loop.time() > end:
+                last = self.heartbeats[-1] if self.heartbeats else None
+                raise TimeoutError(f"no heartbeat {what} within {timeout_s:.0f} s; the last: {last}")
+            await asyncio.sleep(0.1)
+
     async def wait_groups(self, n: int, timeout_s: float = 120.0, where=lambda g: True) -> list[wire.RolloutGroup]:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
