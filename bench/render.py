@@ -51,7 +51,7 @@ def _transport(d: dict) -> Table:
               f"{r['latency_p50_ms']:.0f} / {r['latency_p99_ms']:.0f}", f"{r['receiver_cores']:.2f}"] for r in rows])
 
 
-def _pm(x: float, sd: float | None, fmt: Callable[[float], str]) -> str:
+def _pm_num(x: float, sd: float | None, fmt: Callable[[float], str]) -> str:
     return fmt(x) + (f" ± {fmt(sd)}" if sd else "")
 
 
@@ -59,9 +59,9 @@ def _staleness(d: dict) -> Table:
     rows = []
     for r in sorted(d["rows"], key=lambda r: r["max_staleness"]):
         rows.append([str(r["max_staleness"]), n(r["samples_per_s"]), pct(r["wait_share"]), pct(r["idle_share"]),
-                     f"{_pm(r['steady_samples_per_s'], r.get('steady_samples_per_s_std'), n)}, "
-                     f"{_pm(r['steady_wait_share'], r.get('steady_wait_share_std'), lambda v: pct(v, 1))}",
-                     _pm(r["staleness_mean"], r.get("staleness_mean_std"), lambda v: f"{v:.2f}"),
+                     f"{_pm_num(r['steady_samples_per_s'], r.get('steady_samples_per_s_std'), n)}, "
+                     f"{_pm_num(r['steady_wait_share'], r.get('steady_wait_share_std'), lambda v: pct(v, 1))}",
+                     _pm_num(r["staleness_mean"], r.get("staleness_mean_std"), lambda v: f"{v:.2f}"),
                      f"{r['mismatch_kl']:.3f}" if r["mismatch_kl"] >= 1e-4 else "0",
                      pct(r["tis_clip_frac"], 1), pct(r["pass_at_1_end"], 1)])
     return (["max_staleness K", "samples/s", "learner waiting for data", "actor engine idle",
@@ -156,6 +156,42 @@ def _learner_shared(d: dict) -> Table:
             [[str(r["n"]), n(r["prompt"]), n(r["completion"]), f"{r['speedup']:.2f} ×"] for r in d["shared"]])
 
 
+ARM_NAMES = {"ProRL (N=16)": "ProRL (N = 16)", "BroRL (N=512)": "BroRL (N = 512), √-scaled lr",
+             "BroRL (N=512, η0)": "BroRL (N = 512), ProRL's lr"}
+
+
+def _pm(text: str, scale: float = 1.0, digits: int = 1, sign: bool = False) -> str:
+    """A results file's "mean ± std" text, rescaled and rounded."""
+    mean, _, sd = text.partition("±")
+    m = float(mean) * scale
+    out = (f"{m:+,.{digits}f}" if sign else f"{m:,.{digits}f}").replace("-", "−")
+    return out + (f" ± {float(sd) * scale:,.{digits}f}" if sd.strip() else "")
+
+
+def _bro_vs_pro(d: dict) -> Table:
+    return (["arm", "steps", "held-out pass@1 start → end (%)", "gain (points)", "generated samples",
+             "dynamic-sampling pass rate", "samples/s"], "lrlrrrr",
+            [[ARM_NAMES.get(r["arm"], r["arm"]), str(r["steps"]),
+              f"{_pm(r['pass@1 start'], 100)} → {_pm(r['pass@1 end'], 100)}", _pm(r["gain"], 100, sign=True),
+              _pm(r["generated"], digits=0), _pm(r["pass rate"], digits=2), _pm(r["samples/s"], digits=0)]
+             for r in d["table"]])
+
+
+def _saturation(d: dict) -> Table:
+    rows = []
+    for r in d["table"]:
+        t = d["tests"].get(r["arm"]) if not r["arm"].startswith("ProRL") else d["tests"].get(f"{r['arm']}: end vs start")
+        test = "—" if t is None else (f"{'end vs start: ' if r['arm'].startswith('ProRL') else ''}"
+                                      f"{100 * t['mean_diff']:+.1f} points, t = {t['t']:.2f}, "
+                                      f"p {'< 1e-15' if t['p'] < 1e-15 else f'= {t[chr(112)]:.2g}'}").replace("-", "−")
+        rows.append([ARM_NAMES.get(r["arm"], r["arm"]), str(r["steps"]),
+                     f"{_pm(r['pass@1 start %'])} → {_pm(r['pass@1 end %'])}", _pm(r["gain (points)"], sign=True), test,
+                     _pm(r["generated"], digits=0), _pm(r["pass rate %"]), _pm(r["train wall s"], digits=0)])
+    return (["phase 2 arm", "steps", "held-out pass@1 start → end (%)", "gain (points)",
+             "paired test (ProRL: end vs start; BroRL: against continued ProRL)", "generated samples",
+             "dynamic-sampling pass rate (%)", "training wall time (s)"], "lrlrlrrr", rows)
+
+
 ACTOR_RUNS = ("actor_h200_fp8", "actor_h200_bf16", "actor_h200_p2c", "actor_h200_p2", "actor_h100_p2b", "actor_h100_p2",
               "actor_h200", "actor_h200_dict_logprobs", "actor")
 """`bench.actor` runs on the actor page, one row each (their files under bench/results)."""
@@ -191,6 +227,8 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "padding": ("padding.json", _padding),
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e) for tag in ("h200_3l_p3", "h200_3l", "h100_2l", "h100_p3", "h100", "cpu")},
     "actor-runs": (tuple(f"{f}.json" for f in ACTOR_RUNS), _actor_runs),
+    "bro-vs-pro": ("bro_vs_pro.json", _bro_vs_pro),
+    "saturation": ("saturation.json", _saturation),
     "learner-gpu-mfu": ("learner_gpu.json", _learner_mfu),
     "learner-gpu-scale": ("learner_gpu.json", _learner_scale),
     "learner-gpu-longest": ("learner_gpu.json", _learner_longest),
