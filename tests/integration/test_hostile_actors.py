@@ -116,15 +116,16 @@ async def test_groups_naming_another_actor_touch_nothing_of_it(tiny_model_dir, t
             inc = a0.sockets.incarnation
             # as a0 (its own id in the group, evil's key), answering the prompt a0 holds
             await s.rollouts.send(wire.RolloutGroup(**{**real.__dict__, "group_id": f"a0:{inc}:9999"}))
-            # its own actor id, a0's group ids: seqs a0 is about to use
-            for seq in range(400):
-                await s.rollouts.sock.send_multipart(wire.encode(wire.RolloutGroup(
-                    **{**real.__dict__, "actor_id": "evil", "group_id": f"a0:{inc}:{seq}"})), copy=False)
-            # one of its own, twice: the second ack must come to it, not ride on a0's
+            # one of its own, twice: the second ack must come to it, not ride on a0's (sent before the flood
+            # below, so that a busy machine's learner meets both before the job's last step)
             own = wire.RolloutGroup(**{**real.__dict__, "actor_id": "evil", "group_id": f"evil:{s.incarnation}:0"})
             own_ids.append(own.group_id)
             for _ in range(2):
                 await s.rollouts.sock.send_multipart(wire.encode(own), copy=False)
+            # its own actor id, a0's group ids: seqs a0 is about to use
+            for seq in range(400):
+                await s.rollouts.sock.send_multipart(wire.encode(wire.RolloutGroup(
+                    **{**real.__dict__, "actor_id": "evil", "group_id": f"a0:{inc}:{seq}"})), copy=False)
             while True:
                 msg = await s.work.recv()
                 if isinstance(msg, wire.GroupAck):
