@@ -237,24 +237,25 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
 """Rendered table name -> (results file under bench/results, the function that renders it)."""
 
 
+def _grid(table: Table) -> str:
+    header, align, rows = table
+    sep = ["---:" if a == "r" else "---" for a in align]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in [header, sep, *rows])
+
+
 def markdown(name: str) -> str:
     """The table `name` as Markdown, with its source and stamp line."""
     file, fn = TABLES[name]
     if isinstance(file, tuple):  # a table of several runs: one results file each, stamped row by row
-        header, align, rows = fn([{**json.loads((RESULTS / f).read_text()), "_file": f} for f in file])
-        sep = ["---:" if a == "r" else "---" for a in align]
-        lines = ["| " + " | ".join(cells) + " |" for cells in [header, sep, *rows]]
-        return "\n".join(lines) + f"\n\n<small>`bench/results/`: {', '.join(f'`{f}`' for f in file)}</small>\n"
+        grid = _grid(fn([{**json.loads((RESULTS / f).read_text()), "_file": f} for f in file]))
+        return grid + f"\n\n<small>`bench/results/`: {', '.join(f'`{f}`' for f in file)}</small>\n"
     d = json.loads((RESULTS / file).read_text())
-    header, align, rows = fn(d)
-    sep = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(cells) + " |" for cells in [header, sep, *rows]]
     st = d.get("stamp", {})
     when = str(st.get("time", "?"))[:10]
     where = st.get("device", "?")
     where = f"{st.get('cpu_count', '?')}-core {st.get('cpu', 'CPU')}".strip() if where == "cpu" else where
     versions = ", ".join(f"{k} {st[k]}" for k in ("torch", "vllm", "deepspeed") if st.get(k))
-    return "\n".join(lines) + f"\n\n<small>`bench/results/{file}`: {where}, {when}; {versions}</small>\n"
+    return _grid(fn(d)) + f"\n\n<small>`bench/results/{file}`: {where}, {when}; {versions}</small>\n"
 
 
 def render_page(text: str, page: str) -> str:
