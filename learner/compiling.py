@@ -47,6 +47,13 @@ def compile_layers(model: torch.nn.Module) -> None:
         layer.compile(dynamic=True)
 
 
+def compiled_frames() -> int:
+    """Frames torch has compiled in this process so far (a step's difference is its `compiled_frames` metric)."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
+
+
 PAD_MULTIPLE = 8
 """The compiled learner pads every micro-batch to a length that is a multiple of this (`logprobs.pack`):
 inductor specialises kernels on a length's alignment, and on an H200 a batch whose length happened to be a

@@ -44,7 +44,7 @@ import torch
 from config.schema import LearnerConfig
 from learner.algorithm import policy_loss, scaled_lr
 from learner.backends import Backend, enable_activation_checkpointing, make_backend
-from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, warm_up
+from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, compiled_frames, warm_up
 from learner.flops import ModelShape, peak_flops
 from learner.logprobs import pack, token_logprobs
 from learner.microbatch import RankShare
@@ -52,12 +52,6 @@ from learner.planning import TrainGroup, plan_step
 
 if TYPE_CHECKING:
     from learner.ranks import Ranks
-
-
-def _compiled_frames() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["frames"]["ok"]
 
 
 @dataclass
@@ -109,8 +103,8 @@ class Trainer:
         self.compiling = WarmUp()
         """`learner.compile`: every rank compiles what a step meets at the start of the first step."""
         self.reuse_old = True
-        self._shape: ModelShape | None = None  # for the step's model FLOPs (learner/flops.py), read at the first step
         """π_old of the first mini-batch from its training forward (the module's docstring); False recomputes it."""
+        self._shape: ModelShape | None = None  # for the step's model FLOPs (learner/flops.py), read at the first step
 
     @property
     def model(self) -> torch.nn.Module:
@@ -165,11 +159,11 @@ class Trainer:
         t0 = time.perf_counter()
         metrics, shares = self.plan(groups)
         ranks = self.ranks
-        frames = _compiled_frames()
+        frames = compiled_frames()
         metrics.update(self.run(ranks.command("step", shares) if ranks else shares[self.backend.rank]))
         metrics["train_s"] = time.perf_counter() - t0
         if self.cfg.compile:  # frames torch compiled during the step (this rank): 0 once the warm-up covered all
-            metrics["compiled_frames"] = float(_compiled_frames() - frames)
+            metrics["compiled_frames"] = float(compiled_frames() - frames)
         flops = metrics.pop("_model_flops", 0.0)
         if flops and metrics["train_s"] > 0:
             metrics["model_tflops"] = flops / metrics["train_s"] / 1e12  # of all ranks (learner/flops.py)
