@@ -138,6 +138,26 @@ def _learner_mfu(d: dict) -> Table:
     return (["case", "tokens/s", "TFLOP/s", "MFU", "peak GiB", "step s"], "lrrrrr", rows)
 
 
+KERNEL_KINDS = (("matrix multiplications", ("nvjet", "gemm", "cutlass", "sm90_xmma")), ("attention", ("sdpa", "flash", "fmha")),
+                ("log-probs over the vocabulary", ("logsumexp",)), ("casts to bf16", ("_to_copy",)),
+                ("optimizer (AdamW)", ("Optimizer.step",)), ("gradient accumulation (float32 adds)", ("CUDAFunctor_add<float>",)))
+
+
+def _learner_profile(d: dict) -> Table:
+    """The profiled case's 20 costliest GPU kernels, summed by kind (the rest of the step: 'not in the 20')."""
+    r = next(r for r in d["mfu"] if r.get("profile"))
+    kinds: dict[str, list[float]] = {}
+    for k in r["profile"]:
+        kind = next((name for name, keys in KERNEL_KINDS if any(x in k["kernel"] for x in keys)), "other elementwise kernels")
+        kinds.setdefault(kind, [0.0, 0.0, 0])
+        kinds[kind][0] += k["ms"]
+        kinds[kind][1] += k["share"]
+        kinds[kind][2] += k["calls"]
+    rows = [[kind, n(ms), pct(share, 1), n(calls)] for kind, (ms, share, calls) in sorted(kinds.items(), key=lambda x: -x[1][0])]
+    rows.append([f"not in the 20 costliest kernels ({_mfu_label(r)})", "", pct(1 - sum(v[1] for v in kinds.values()), 1), ""])
+    return (["GPU time of one step, by kernel kind", "ms", "share", "kernel calls"], "lrrr", rows)
+
+
 def _learner_scale(d: dict) -> Table:
     return (["learner GPUs (ZeRO-2 ranks)", "tokens/s", "speed-up", "MFU", "peak GiB per GPU"], "rrrrr",
             [[str(r["ranks"]), n(r["tokens_per_s"]), f"{r['speedup']:.2f} ×", pct(r["mfu"], 1), f"{r['peak_gib']:.1f}"]
@@ -230,6 +250,8 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "bro-vs-pro": ("bro_vs_pro.json", _bro_vs_pro),
     "saturation": ("saturation.json", _saturation),
     "learner-gpu-mfu": ("learner_gpu.json", _learner_mfu),
+    "learner-gpu-mfu-h200": ("learner_gpu_h200.json", _learner_mfu),
+    "learner-gpu-profile-h200": ("learner_gpu_h200.json", _learner_profile),
     "learner-gpu-scale": ("learner_gpu.json", _learner_scale),
     "learner-gpu-longest": ("learner_gpu.json", _learner_longest),
     "learner-gpu-shared": ("learner_gpu.json", _learner_shared),

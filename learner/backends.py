@@ -77,9 +77,12 @@ class TorchBackend:
         return t.shape
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
+        # on a GPU, one fused kernel for the whole update (the H200 profile: the multi-tensor AdamW took 1.6 %
+        # of a 1.5B step, several passes over weights and moments where one does)
+        fused = torch.device(self.cfg.device).type == "cuda"
         return torch.optim.AdamW(
             self.module.parameters(), lr=self.cfg.lr, betas=BETAS, eps=ADAM_EPS,
-            weight_decay=self.cfg.weight_decay,
+            weight_decay=self.cfg.weight_decay, **({"fused": True} if fused else {}),
         )
 
     def backward(self, loss: torch.Tensor, boundary: bool = True) -> None:

@@ -13,15 +13,19 @@ export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STA
        TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 5 > "$R/smi.csv" 2>&1 &
 smi=$!
-step() {  # step NAME COMMAND...: run it, keep its log, exit status and seconds; pack what is there so far
+step() {  # step NAME COMMAND...: run it (at most $LIMIT s: a hung step must not eat the lease), keep its log,
+  # exit status (124: cut at the limit) and seconds; pack what is there so far
   local name=$1; shift
   local t0=$(date +%s)
-  "$@" > "$R/$name.log" 2>&1
+  timeout -k 20 "${LIMIT:-900}" "$@" > "$R/$name.log" 2>&1
   echo $? > "$R/$name.rc"
   echo $(( $(date +%s) - t0 )) > "$R/$name.secs"
   pack
 }
 pack() { tar czf "$R/results.tgz.part" -C "$R" --exclude 'results.tgz*' . 2>/dev/null && mv "$R/results.tgz.part" "$R/results.tgz"; }
+runs() {  # the loop's own runs so far: metrics and every role's log (also while a run is still going)
+  for d in runs/bench/e2e/run-*; do [ -d "$d" ] || continue; n=$(basename "$d"); mkdir -p "$R/bench/$n"
+    cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/$n/" 2>/dev/null; done; pack; }
 keep_bench() { mkdir -p "$R/bench"; for f in "$@"; do cp bench/results/$f "$R/bench/" 2>/dev/null; done; pack; }
 python3 -c "import torch, vllm; print(torch.__version__, vllm.__version__, torch.cuda.device_count())" > "$R/versions.txt" 2>&1
 TAG=${TAG:-h200}
@@ -29,20 +33,21 @@ GPUS=$(nvidia-smi -L | wc -l)
 PT="python3 -m pytest -q -s -p no:cacheprovider"
 ACT="python3 -m bench.actor --preset brorl-1.5b --dummy-1p5b --total 4096 --prompt-len 512 --max-tokens 256 --repeats 1 --cases 512:on,16:on"
 if [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
-  # one GPU, the learner's speed (issue: the whole loop at the speed of its engines): the MFU case at the best
-  # single-GPU settings, profiled, and two lighter checkpointing choices; then the loop on the shared GPU with
+  # one GPU, the learner's speed (issue: the whole loop at the speed of its engines): no recomputation at 16k-token
+  # micro-batches (profiled) and 32k, a quarter recomputed at 32k; then the loop on the shared GPU with
   # the compiler's recompilations logged (the learner's `compiled_frames` and `mfu` per step in metrics.jsonl);
   # then the presets' gpu test (the learner's step was split into plan and run)
   step mfu python3 -m bench.learner --gpu --tag "$TAG" --mfu-add '[
-    {"backend": "torch", "activation_checkpointing_fraction": 0.5, "micro_batch_tokens": 32768, "profile": true},
-    {"backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 16384},
-    {"backend": "torch", "activation_checkpointing_fraction": 0.25, "micro_batch_tokens": 16384}]'
+    {"backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 16384, "profile": true},
+    {"backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768},
+    {"backend": "torch", "activation_checkpointing_fraction": 0.25, "micro_batch_tokens": 32768}]'
   keep_bench "learner_gpu_${TAG}*"
+  (while sleep 30; do runs; done) &  # a run that stalls still shows why
+  snap=$!
   step e2e env TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep --steps 6 \
        --raw-steps 2 --share-gpu --tag "${TAG}shared"
+  kill $snap; runs
   keep_bench "e2e_${TAG}shared*"
-  for d in runs/bench/e2e/run-*; do n=$(basename "$d"); mkdir -p "$R/bench/$n"; cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/$n/" 2>/dev/null; done
-  pack
   step presets $PT tests/gpu/test_presets_gpu.py
 elif [ "$GPUS" = 1 ]; then  # ONE=engine
   # 1. the paper's presets' learner, then the learner's MFU at the preset's best single-GPU settings,
