@@ -53,7 +53,7 @@ class Actor:
         self.tasks = TaskSet(actor_id)
         self.supervisor = EngineSupervisor(lambda: make_async_engine(cfg), cfg.actor.max_engine_restarts,
                                            self.tasks.spawn, self._engine_down, self._engine_up)
-        self.sync = WeightSync(actor_id, cfg.learner.max_staleness, None, self.tasks.spawn)
+        self.sync = WeightSync(actor_id, cfg.job.max_staleness, None, self.tasks.spawn)
         self.versions = TokenVersions()  # each in-flight request's token versions (in_flight_on_update "keep")
         self._assignments: asyncio.Queue[wire.WorkAssignment] = asyncio.Queue()
         self._learner_stopped = False

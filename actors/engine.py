@@ -77,11 +77,11 @@ def offline_env() -> None:
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
-def sampling_params(actor: ActorConfig, n: int | None = None, **over: Any):
+def sampling_params(actor: ActorConfig, n: int, **over: Any):
     from vllm import SamplingParams
 
     kw: dict[str, Any] = dict(
-        n=n if n is not None else actor.n_samples,
+        n=n,
         temperature=actor.temperature,
         top_p=actor.top_p,
         max_tokens=actor.max_tokens,

@@ -103,7 +103,7 @@ class InFlightPolicy:
 
     def __init__(self, cfg, supervisor, sync, load, stats, versions: TokenVersions, on_error: Callable[[str], Any]):
         self.mode = cfg.actor.in_flight_on_update
-        self.max_staleness = cfg.learner.max_staleness
+        self.max_staleness = cfg.job.max_staleness
         self.supervisor, self.sync, self.load, self.stats = supervisor, sync, load, stats
         self.versions, self.on_error = versions, on_error
 

@@ -47,7 +47,7 @@ class GroupPipeline:
         self.versions.begin(rid, version)
         final = None
         try:
-            sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY,
+            sp = sampling_params(a, self.cfg.job.n_samples, output_kind=RequestOutputKind.FINAL_ONLY,
                                  max_tokens=request_max_tokens(a, self.cfg.run.seed, item.prompt_id),
                                  **self.texts.request_kwargs())
             prompt = {"prompt_token_ids": item.prompt_token_ids} if item.prompt_token_ids else item.prompt
@@ -59,7 +59,7 @@ class GroupPipeline:
         finally:
             self.load.end()
         outs = final.outputs if final is not None else []
-        if len(outs) != a.n_samples or any(o.finish_reason == "abort" for o in outs):
+        if len(outs) != self.cfg.job.n_samples or any(o.finish_reason == "abort" for o in outs):
             self.versions.forget(rid)
             self.stats.aborted += 1
             return False

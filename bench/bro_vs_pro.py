@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BASE_LR, BASE_SAMPLES = 3e-4, 512
 ARMS = {
-    "ProRL (N=16)": {"actor.n_samples": 16, "learner.prompts_per_step": 32, "actor.prompts_per_request": 16},
-    "BroRL (N=512)": {"actor.n_samples": 512, "learner.prompts_per_step": 8, "actor.prompts_per_request": 4},
+    "ProRL (N=16)": {"job.n_samples": 16, "job.prompts_per_step": 32, "actor.prompts_per_request": 16},
+    "BroRL (N=512)": {"job.n_samples": 512, "job.prompts_per_step": 8, "actor.prompts_per_request": 4},
     # ablation: BroRL's batches with ProRL's learning rate (no square-root scaling)
-    "BroRL (N=512, η0)": {"actor.n_samples": 512, "learner.prompts_per_step": 8, "actor.prompts_per_request": 4},
+    "BroRL (N=512, η0)": {"job.n_samples": 512, "job.prompts_per_step": 8, "actor.prompts_per_request": 4},
 }
 SLUGS = {"ProRL (N=16)": "prorl", "BroRL (N=512)": "brorl", "BroRL (N=512, η0)": "brorl-eta0"}
 SCALED = {"ProRL (N=16)": True, "BroRL (N=512)": True, "BroRL (N=512, η0)": False}
@@ -38,7 +38,7 @@ SCALED = {"ProRL (N=16)": True, "BroRL (N=512)": True, "BroRL (N=512, η0)": Fal
 
 def arm_overrides(arm: str, pro_steps: int, seed: int) -> dict:
     o = dict(ARMS[arm])
-    per_step = o["actor.n_samples"] * o["learner.prompts_per_step"]
+    per_step = o["job.n_samples"] * o["job.prompts_per_step"]
     steps = pro_steps * BASE_SAMPLES // per_step
     base = BASE_SAMPLES if SCALED[arm] else per_step  # B0 = B: η = η0
     return {**o, "learner.steps": steps, "learner.lr": BASE_LR, "learner.lr_base_samples": base,
@@ -48,7 +48,7 @@ def arm_overrides(arm: str, pro_steps: int, seed: int) -> dict:
 
 def summarize(arm: str, seed: int, res: dict) -> dict:
     m, h = res["metrics"], res["heldout"]
-    per_step = ARMS[arm]["actor.n_samples"] * ARMS[arm]["learner.prompts_per_step"]
+    per_step = ARMS[arm]["job.n_samples"] * ARMS[arm]["job.prompts_per_step"]
     gen = sum(r["generated"] for r in m)
     train_wall = h[-1]["wall_s"] if h else float("nan")
     return {"arm": arm, "seed": seed, "steps": len(m), "pass_at_1_start": h[0]["pass_at_1"],

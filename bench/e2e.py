@@ -54,16 +54,16 @@ def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update:
     port = free_ports(3)  # jobs may run side by side
     common = {"model.path": model, "verifiers.task": "throughput:0.5:128", "actor.length_dist": "lognormal",
               "actor.num_actors": actors, "learner.steps": steps, "run.eval_interval": 0,
-              "learner.checkpoint_interval": 10**6, "learner.max_staleness": 1, "actor.n_samples": n,
+              "learner.checkpoint_interval": 10**6, "job.max_staleness": 1, "job.n_samples": n,
               "actor.in_flight_on_update": update, "transport.work_port": port, "transport.rollout_port": port + 1,
               "transport.control_port": port + 2}
     if shape == "small":  # CPU
         b = max(1, 128 // n)
-        return "tiny-cpu", {**common, "model.dtype": "float32", "learner.prompts_per_step": b,
+        return "tiny-cpu", {**common, "model.dtype": "float32", "job.prompts_per_step": b,
                             "actor.prompts_per_request": b, "actor.max_tokens": 64, "actor.length_median": 24,
                             "actor.max_model_len": 256}
     b = max(1, SAMPLES_PER_STEP // n)
-    return "brorl-1.5b", {**common, "learner.prompts_per_step": b, "actor.prompts_per_request": b,
+    return "brorl-1.5b", {**common, "job.prompts_per_step": b, "actor.prompts_per_request": b,
                           "actor.max_tokens": 1024, "actor.length_median": 256, "actor.max_model_len": 1280,
                           "learner.devices": learner_gpus, "learner.gpus": list(range(first_gpu, first_gpu + learner_gpus)),
                           **({"learner.device": "cuda"} if learner_gpus > 1 else {}),
@@ -99,14 +99,14 @@ async def _raw(cfg, prompts: int) -> dict:
 
     async def one(i: int, prompt: dict) -> None:
         nonlocal tokens
-        sp = sampling_params(a, output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=request_max_tokens(a, cfg.run.seed, i),
+        sp = sampling_params(a, cfg.job.n_samples, output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=request_max_tokens(a, cfg.run.seed, i),
                              **texts_of.request_kwargs())
         final = None
         async for out in engine.generate(prompt, sp, f"raw-{i}"):
             final = out
-        assert final is not None and len(final.outputs) == a.n_samples
+        assert final is not None and len(final.outputs) == cfg.job.n_samples
         texts = texts_of(final.outputs)
-        assert all(o.logprobs is not None for o in final.outputs) and len(texts) == a.n_samples
+        assert all(o.logprobs is not None for o in final.outputs) and len(texts) == cfg.job.n_samples
         tokens += sum(len(o.token_ids) for o in final.outputs)
 
     try:
@@ -116,7 +116,7 @@ async def _raw(cfg, prompts: int) -> dict:
         wall = time.perf_counter() - t0
     finally:
         engine.shutdown()
-    n = prompts * a.n_samples
+    n = prompts * cfg.job.n_samples
     return {"prompts": prompts, "samples": n, "wall_s": wall, "samples_per_s": n / wall, "tokens_per_s": tokens / wall}
 
 
@@ -220,7 +220,7 @@ def main() -> None:
     for n in sorted({n for _, n, _ in cases}):
         preset, over = job(a.shape, 1, a.steps, model, n=n)
         over.update(a.overrides)
-        raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["learner.prompts_per_step"],
+        raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["job.prompts_per_step"],
                                  min(1, gpus - 1) if gpu else None)}  # an actor's GPU (GPU 0 on a one-GPU machine)
         print(f"raw engine, N = {n}: {raws[n]['samples_per_s']:.1f} samples/s", file=sys.stderr)
     runs, side_by_side = [], gpu and gpus >= 2 * (a.learner_gpus + 1)

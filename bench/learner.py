@@ -60,7 +60,7 @@ def case_step(shape_name: str, n: int, samples: int, prompt_len: int, comp_len: 
     import torch
 
     from bench.common import peak_rss_mb
-    from config.schema import LearnerConfig
+    from config.schema import JobConfig, LearnerConfig
     from learner.train_step import TrainGroup, Trainer
 
     shape = {"tiny": TINY, "qwen2-0.5b": QWEN_05B}[shape_name]
@@ -72,8 +72,8 @@ def case_step(shape_name: str, n: int, samples: int, prompt_len: int, comp_len: 
         comps = torch.randint(0, shape["vocab_size"], (n, comp_len), generator=g).tolist()
         correct = [i % 3 == 0 for i in range(n)]
         groups.append(TrainGroup(prompt, comps, [[-5.0] * comp_len] * n, [float(c) for c in correct], correct))
-    cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-5, logprob_chunk_mb=256)
-    tr = Trainer(model, cfg, n_samples=n)
+    cfg = LearnerConfig(num_minibatches=2, lr=1e-5, logprob_chunk_mb=256)
+    tr = Trainer(model, cfg, JobConfig(n_samples=n, prompts_per_step=len(groups)))
     base = peak_rss_mb()
     t = time.perf_counter()
     m = tr.step(groups)

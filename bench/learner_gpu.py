@@ -82,10 +82,12 @@ def run_step(groups, learner_cfg, steps: int = 1, ranks=None, profile: bool = Fa
     last step under torch.profiler too (after a timed one), its 20 costliest GPU kernels in the result."""
     import torch
 
+    from config.schema import JobConfig
     from learner.train_step import Trainer
 
     model = model_15b(learner_cfg.device)
-    tr = Trainer(model, learner_cfg, n_samples=len(groups[0].rewards), compute_dtype=torch.bfloat16, ranks=ranks)
+    job = JobConfig(n_samples=len(groups[0].rewards), prompts_per_step=len(groups))  # the step is the groups given
+    tr = Trainer(model, learner_cfg, job, compute_dtype=torch.bfloat16, ranks=ranks)
     if ranks is not None and ranks.rank > 0:
         ranks.follow(tr)
         return {}
@@ -130,7 +132,7 @@ def case(kind: str, p: dict) -> dict:
     import torch
 
     if kind == "longest":
-        lc = preset_learner(p.get("preset", "brorl-1.5b"), prompts_per_step=1)
+        lc = preset_learner(p.get("preset", "brorl-1.5b"))
         groups = synthetic_groups(1, 512, 256, [p["L"]] * 8 + [256] * 504, QWEN_15B["vocab_size"])
         try:
             r = run_step(groups, lc)
@@ -140,7 +142,7 @@ def case(kind: str, p: dict) -> dict:
     if kind == "mfu":
         over = {k: v for k, v in p.items() if k in ("activation_checkpointing", "activation_checkpointing_fraction",
                                                      "micro_batch_tokens", "share_prompt", "compile", "backend")}
-        lc = preset_learner(prompts_per_step=p["groups"], **over)
+        lc = preset_learner(**over)
         groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
         try:
             return {**p, **run_step(groups, lc, steps=p.get("steps", 1), profile=p.get("profile", False))}
@@ -149,15 +151,15 @@ def case(kind: str, p: dict) -> dict:
     if kind == "preset":  # one step with a preset's own learner settings and its group size N
         from config.loader import load_config
 
-        n = load_config(p["preset"], ONLY_LEARNER).actor.n_samples
-        lc = preset_learner(p["preset"], prompts_per_step=p["groups"])
+        n = load_config(p["preset"], ONLY_LEARNER).job.n_samples
+        lc = preset_learner(p["preset"])
         groups = synthetic_groups(p["groups"], n, p["prompt"], p["completions"], QWEN_15B["vocab_size"])
         return {**p, "n": n, **run_step(groups, lc)}
     if kind == "scale":
         from learner.ranks import join_ranks  # noqa: F401  (the env is set by `ranks`)
         from config.loader import load_config
 
-        cfg = load_config("brorl-1.5b", {**ONLY_LEARNER, "learner.prompts_per_step": p["groups"], "actor.n_samples": p["n"],
+        cfg = load_config("brorl-1.5b", {**ONLY_LEARNER, "job.prompts_per_step": p["groups"], "job.n_samples": p["n"],
                                          "learner.devices": int(os.environ.get("WORLD_SIZE", "1"))})
         cfg, ranks = join_ranks(cfg)
         groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])

@@ -42,9 +42,9 @@ BASE_LR, BASE_SAMPLES = 3e-4, 512
 EVAL, WINDOW, PATIENCE = 20, 4, 6
 COMMON = {"run.eval_prompts": 64, "run.eval_samples": 16, "learner.num_minibatches": 2}
 ARMS = {
-    "ProRL (N=16)": ({"actor.n_samples": 16, "learner.prompts_per_step": 32, "actor.prompts_per_request": 16}, True),
-    "BroRL (N=512)": ({"actor.n_samples": 512, "learner.prompts_per_step": 16, "actor.prompts_per_request": 4}, True),
-    "BroRL (N=512, η0)": ({"actor.n_samples": 512, "learner.prompts_per_step": 16, "actor.prompts_per_request": 4},
+    "ProRL (N=16)": ({"job.n_samples": 16, "job.prompts_per_step": 32, "actor.prompts_per_request": 16}, True),
+    "BroRL (N=512)": ({"job.n_samples": 512, "job.prompts_per_step": 16, "actor.prompts_per_request": 4}, True),
+    "BroRL (N=512, η0)": ({"job.n_samples": 512, "job.prompts_per_step": 16, "actor.prompts_per_request": 4},
                           False),
 }
 SLUGS = {"ProRL (N=16)": "prorl", "BroRL (N=512)": "brorl", "BroRL (N=512, η0)": "brorl-eta0"}
@@ -84,7 +84,7 @@ def paired(a: list[float], b: list[float]) -> dict:
 
 def arm_overrides(arm: str, model: str, train_samples: int, seed: int) -> dict:
     o, scaled = ARMS[arm]
-    per_step = o["actor.n_samples"] * o["learner.prompts_per_step"]
+    per_step = o["job.n_samples"] * o["job.prompts_per_step"]
     steps = max(1, train_samples // per_step)
     return {**COMMON, **o, "model.path": model, "learner.steps": steps, "learner.lr": BASE_LR,
             "learner.lr_base_samples": BASE_SAMPLES if scaled else per_step,

@@ -1,4 +1,4 @@
-"""Staleness against throughput: sweep `learner.max_staleness` on the default job.
+"""Staleness against throughput: sweep `job.max_staleness` on the default job.
 
     python -m bench.staleness [--quick] [--values 0 1 2 4 8] [--repeats 3]
 
@@ -34,7 +34,7 @@ def one(value: int, steps: int, seed: int, rep: int = 0, reuse: bool = False) ->
     from bench.common import brorl_run, load_run
     from learner.metrics import loop_seconds
 
-    o = {"learner.max_staleness": value, "learner.steps": steps, "learner.prompts_per_step": 8,
+    o = {"job.max_staleness": value, "learner.steps": steps, "job.prompts_per_step": 8,
          "actor.prompts_per_request": 8,
          "run.eval_interval": steps, "run.eval_prompts": 64, "run.eval_samples": 16, "run.seed": seed,
          "learner.seed": seed, "learner.checkpoint_interval": steps}

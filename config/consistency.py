@@ -13,15 +13,15 @@ if TYPE_CHECKING:
 
 def check_consistency(cfg: "BrorlConfig") -> None:
     """Rules across sections (each names the fields to change); raises ValueError. Runs when a config loads."""
-    lrn, act, tr = cfg.learner, cfg.actor, cfg.transport
+    lrn, act, tr, job = cfg.learner, cfg.actor, cfg.transport, cfg.job
     if lrn.eps_high < lrn.eps_low:
         raise ValueError(
             f"learner.eps_high ({lrn.eps_high}) must be >= learner.eps_low ({lrn.eps_low}): "
             "clip-higher widens the upper clip, it never narrows it"
         )
-    if lrn.dynamic_sampling and act.n_samples < 2:
+    if lrn.dynamic_sampling and job.n_samples < 2:
         raise ValueError(
-            f"actor.n_samples ({act.n_samples}) must be >= 2 when learner.dynamic_sampling is on: "
+            f"job.n_samples ({job.n_samples}) must be >= 2 when learner.dynamic_sampling is on: "
             "a group of one is always all-correct or all-wrong and would always be dropped"
         )
     if act.max_num_seqs > act.cuda_graph_max_capture_size:
@@ -29,10 +29,10 @@ def check_consistency(cfg: "BrorlConfig") -> None:
             f"actor.max_num_seqs ({act.max_num_seqs}) exceeds actor.cuda_graph_max_capture_size "
             f"({act.cuda_graph_max_capture_size}): vLLM would decode the excess on slow eager paths"
         )
-    if lrn.num_minibatches > lrn.prompts_per_step * act.n_samples:
+    if lrn.num_minibatches > job.prompts_per_step * job.n_samples:
         raise ValueError(
             f"learner.num_minibatches ({lrn.num_minibatches}) exceeds the samples per step "
-            f"({lrn.prompts_per_step} × {act.n_samples})"
+            f"({job.prompts_per_step} × {job.n_samples})"
         )
     if not tr.curve and not tr.allow_insecure_remote and not _is_loopback(tr.host):
         raise ValueError(
@@ -61,12 +61,12 @@ def check_consistency(cfg: "BrorlConfig") -> None:
                          f"held-out evaluation samples on rank 0 alone, which ZeRO-3 parameters (gathered by every "
                          f"rank, layer by layer) do not allow. Set run.eval_interval = 0 and evaluate checkpoints "
                          f"with `brorl eval`, or use zero_stage = 2")
-    if lrn.devices > 1 and lrn.num_minibatches * lrn.devices > lrn.prompts_per_step * act.n_samples:
+    if lrn.devices > 1 and lrn.num_minibatches * lrn.devices > job.prompts_per_step * job.n_samples:
         raise ValueError(f"learner.devices ({lrn.devices}) × learner.num_minibatches ({lrn.num_minibatches}) "
-                         f"exceeds the samples per step ({lrn.prompts_per_step} × {act.n_samples}): a rank "
+                         f"exceeds the samples per step ({job.prompts_per_step} × {job.n_samples}): a rank "
                          f"would get no sample of a mini-batch")
-    if act.in_flight_on_update == "keep" and lrn.max_staleness > 255:
-        raise ValueError(f"learner.max_staleness ({lrn.max_staleness}) above 255 with actor.in_flight_on_update "
+    if act.in_flight_on_update == "keep" and job.max_staleness > 255:
+        raise ValueError(f"job.max_staleness ({job.max_staleness}) above 255 with actor.in_flight_on_update "
                          f"= \"keep\": a token's version travels as an offset of at most 255")
     if act.length_median > act.max_tokens:
         raise ValueError(f"actor.length_median ({act.length_median}) exceeds actor.max_tokens ({act.max_tokens}), "

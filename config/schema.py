@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from config.data import DataConfig
+from config.job import MOVED_TO_JOB, JobConfig
 from config.consistency import check_consistency
 from config.run import RunConfig
 
@@ -43,9 +44,6 @@ class ModelConfig(_Section):
 class ActorConfig(_Section):
     num_actors: int = Field(1, ge=1)
     """Number of actor processes (one vLLM engine each) that `brorl run` starts."""
-
-    n_samples: int = Field(8, ge=1)
-    """N, completions sampled per prompt (one group). Paper: 16 (ProRL) and 512 (BroRL)."""
 
     prompts_per_request: int = Field(2, ge=1)
     """Prompts an actor asks the learner for at a time (its credit window)."""
@@ -103,7 +101,7 @@ class ActorConfig(_Section):
     (no new prompt starts meanwhile), "abort" them and return their prompts to the learner, or "keep"
     them: the engine pauses with them frozen, loads the weights and resumes, so nothing waits for the
     slowest sequence; every token then carries the version that sampled it (the GPU presets' choice;
-    a request the update would leave more than `learner.max_staleness` behind is aborted)."""
+    a request the update would leave more than `job.max_staleness` behind is aborted)."""
 
     quantization: Literal["none", "fp8"] = "none"
     """The engine's weights: "fp8" has vLLM quantize the bf16 weights to FP8 (per tensor) as it loads them, and
@@ -137,9 +135,6 @@ class ActorConfig(_Section):
 class LearnerConfig(_Section):
     steps: int = Field(20, ge=1)
     """RL steps (policy versions) to train."""
-
-    prompts_per_step: int = Field(8, ge=1)
-    """B, kept groups (prompts) per step after dynamic sampling. Paper: 512 (ProRL), 128 (BroRL)."""
 
     num_minibatches: int = Field(2, ge=1)
     """PPO mini-batches per step, fixed whatever N is (paper 4.2: larger N means larger mini-batches)."""
@@ -224,9 +219,6 @@ class LearnerConfig(_Section):
 
     dynamic_sampling: bool = True
     """Drop groups whose N completions are all correct or all wrong (DAPO); needs N ≥ 2."""
-
-    max_staleness: int = Field(1, ge=0)
-    """K: largest (training step − generating policy version) admitted. 0 is on-policy."""
 
     backend: Literal["torch", "deepspeed"] = "torch"
     """Training backend: plain torch (CPU or one GPU) or DeepSpeed ZeRO (several GPUs)."""
@@ -357,6 +349,9 @@ class BrorlConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model."""
 
+    job: JobConfig = Field(default_factory=JobConfig)
+    """N, B and K: what every role reads."""
+
     actor: ActorConfig = Field(default_factory=ActorConfig)
     """Generation (vLLM actors)."""
 
@@ -375,6 +370,18 @@ class BrorlConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     """Run folder, seeds, evaluation."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data):
+        """A key of the old layout is refused with the place it moved to (nothing is guessed)."""
+        if isinstance(data, dict):
+            moved = [f"{sec}.{key}" for sec, key in sorted(MOVED_TO_JOB)
+                     if isinstance(data.get(sec), dict) and key in data[sec]]
+            if moved:
+                raise ValueError(", ".join(f"{m} moved to job.{m.split('.')[1]}" for m in moved) +
+                                 ": N, B and K are job-wide, in the [job] section (docs/configuration.md)")
+        return data
+
     @model_validator(mode="after")
     def _check_consistency(self) -> "BrorlConfig":
         check_consistency(self)
@@ -383,4 +390,4 @@ class BrorlConfig(_Section):
     @property
     def samples_per_step(self) -> int:
         """B_samples: kept groups per step × N."""
-        return self.learner.prompts_per_step * self.actor.n_samples
+        return self.job.prompts_per_step * self.job.n_samples

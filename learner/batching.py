@@ -92,8 +92,8 @@ class Dispatcher:
         self.requeue: collections.deque[int] = collections.deque()
         self.outstanding: dict[int, str] = {}  # granted, not yet answered: prompt id -> the actor holding it
         self.pending: set[int] = set()  # granted, not yet consumed (includes outstanding and buffered)
-        self.B = cfg.learner.prompts_per_step
-        self.max_staleness = cfg.learner.max_staleness
+        self.B = cfg.job.prompts_per_step
+        self.max_staleness = cfg.job.max_staleness
         self.keep_rate = 1.0  # kept groups / received groups, running estimate (dynamic sampling)
 
     @property

@@ -177,7 +177,7 @@ def build_trainer(cfg: BrorlConfig, model_dir: str | Path, ranks: Ranks | None =
     torch.manual_seed(cfg.learner.seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    trainer = Trainer(model, cfg.learner, n_samples=cfg.actor.n_samples, max_tokens=cfg.actor.max_tokens,
+    trainer = Trainer(model, cfg.learner, cfg.job, max_tokens=cfg.actor.max_tokens,
                       temperature=cfg.actor.temperature,
                       pad_id=tokenizer.eos_token_id, compute_dtype=getattr(torch, cfg.model.dtype), ranks=ranks)
     return trainer, tokenizer

@@ -70,8 +70,8 @@ class LearnerService(Intake):
         self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
         self.renderer = PromptRenderer(self.tokenizer, cfg.data, max_prompt_tokens=cfg.actor.max_model_len - 1)
         self.dispatcher = Dispatcher(cfg, TaskStream(cfg, self.renderer))  # prompts rendered: chat template, ids
-        self.admission = Admission(cfg.learner.max_staleness)
-        self.batcher = Batcher(cfg.learner.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
+        self.admission = Admission(cfg.job.max_staleness)
+        self.batcher = Batcher(cfg.job.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                lambda pids: self.take_back(pids, None, "stale", holder=False))
         t = cfg.transport
         self.members = Membership(t.heartbeat_timeout_s, t.max_actors)
@@ -83,7 +83,7 @@ class LearnerService(Intake):
                      self.version, self.dispatcher.cursor)
         a = cfg.actor
         self.sockets = LearnerSockets(self.endpoints_of(cfg), Security(t.curve, t.keys_dir), t.high_water_mark,
-                                      wire.max_frame_bytes(a.n_samples, a.max_tokens, a.max_model_len))
+                                      wire.max_frame_bytes(cfg.job.n_samples, a.max_tokens, a.max_model_len))
         self.sockets.control.version = self.version
         self.desk = AdminDesk(cfg, self.sockets.control,
                               lambda: f"step {self.version}, version {self.version}, actors {self.members.alive()}")

@@ -1,6 +1,6 @@
 """One BroRL training step over a batch of groups.
 
-    trainer = Trainer(model, learner_cfg, n_samples=N, temperature=T, pad_id=eos)
+    trainer = Trainer(model, learner_cfg, job_cfg, temperature=T, pad_id=eos)   # job_cfg: N and B
     metrics = trainer.step(groups)          # groups: list[TrainGroup], the batch the learner assembled
 
 Inside a step (docs/architecture.md, "The algorithm"):
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from config.schema import LearnerConfig
+from config.schema import JobConfig, LearnerConfig
 from learner.algorithm import policy_loss, scaled_lr
 from learner.backends import Backend, enable_activation_checkpointing, make_backend
 from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, compiled_frames, warm_up
@@ -66,8 +66,8 @@ class Trainer:
         self,
         model: torch.nn.Module,
         cfg: LearnerConfig,
+        job: JobConfig,
         *,
-        n_samples: int,
         max_tokens: int = 0,
         temperature: float = 1.0,
         pad_id: int = 0,
@@ -83,7 +83,7 @@ class Trainer:
                 f"{compute_dtype} through compute_dtype (model.dtype)")
         self.cfg = cfg
         self.compute_dtype = compute_dtype
-        self.n_samples = n_samples
+        self.job = job
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.pad_id = pad_id
@@ -94,7 +94,7 @@ class Trainer:
         self.backend = backend or make_backend(model, cfg)
         self.ranks = ranks  # rank 0 hands the others their shares through it (else every rank plans alike)
         self.state = StepState()
-        self.samples_per_step = cfg.prompts_per_step * n_samples
+        self.samples_per_step = job.prompts_per_step * job.n_samples
         self.lr = scaled_lr(cfg.lr, cfg.lr_base_samples or self.samples_per_step, self.samples_per_step)
         self.backend.set_lr(self.lr)
         if cfg.kl_coef > 0:

@@ -6,7 +6,7 @@ NACKed to its actor — and the learner goes on.
                         CURVE; the address the actor said hello from without)
     prompt_not_granted  a prompt id the learner never handed out
     verifier            not the verifier of the prompt's task
-    n_samples           N ≠ actor.n_samples
+    n_samples           N ≠ job.n_samples
     completion_too_long a completion longer than actor.max_tokens
     too_long            prompt + completion longer than actor.max_model_len
     token_id            a token id ≥ the model's vocabulary
@@ -53,7 +53,7 @@ def identity_problem(claimed: str, peer: Peer, hello_address: str | None, curve:
 class GroupValidator:
     def __init__(self, cfg: BrorlConfig, vocab_size: int):
         a = cfg.actor
-        self.n, self.max_tokens, self.max_len = a.n_samples, a.max_tokens, a.max_model_len
+        self.n, self.max_tokens, self.max_len = cfg.job.n_samples, a.max_tokens, a.max_model_len
         self.vocab = vocab_size
         self.reward_ranges: dict[str, tuple[float, float]] = {}  # verifier name -> declared range
         self.counts: collections.Counter[str] = collections.Counter()  # since the last take_stats
@@ -71,7 +71,7 @@ class GroupValidator:
         if task_verifier is not None and g.verifier != task_verifier:
             return f"verifier: scored by {g.verifier!r}, the task's verifier is {task_verifier!r}"
         if g.n != self.n:
-            return f"n_samples: N = {g.n}, the job's actor.n_samples is {self.n}"
+            return f"n_samples: N = {g.n}, the job's N (job.n_samples) is {self.n}"
         longest = int(g.lengths.max())
         if longest > self.max_tokens:
             return f"completion_too_long: a completion of {longest} tokens > actor.max_tokens = {self.max_tokens}"

@@ -1,5 +1,5 @@
 """The staleness rule, in one place. A token sampled by weights version v and trained at learner step s is
-s − v versions stale; it may be trained iff s − v ≤ K (`learner.max_staleness`). Every part that bounds
+s − v versions stale; it may be trained iff s − v ≤ K (`job.max_staleness`). Every part that bounds
 staleness asks this module: the learner's dispatcher (how many more steps a prompt started now stays
 trainable: its grants), admission (a group is admitted while its oldest token is fresh), the actor's gate (a
 prompt starts only on weights within K of the learner's latest), in-flight updates (a kept request the update

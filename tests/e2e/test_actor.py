@@ -72,9 +72,9 @@ async def stop_actor(proc: subprocess.Popen, fl: FakeLearner) -> None:
 
 
 def actor_cfg(model_dir: str, n: int, **extra):
-    return load_config("tiny-cpu", {"model.path": model_dir, "actor.n_samples": n, "actor.max_tokens": 6,
+    return load_config("tiny-cpu", {"model.path": model_dir, "job.n_samples": n, "actor.max_tokens": 6,
                                     "actor.prompts_per_request": 2, "verifiers.timeout_s": 2.0,
-                                    "learner.max_staleness": 1,
+                                    "job.max_staleness": 1,
                                     "verifiers.allowed_modules": ["verifiers.*", "tests.support.verifier_mods.*"],
                                     **extra})
 

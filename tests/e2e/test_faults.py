@@ -29,7 +29,7 @@ def job(model_dir: str, run_dir: Path, steps: int, actors: int = 1, **over):
     port = free_ports(3)
     return load_config("tiny-cpu", {
         "model.path": model_dir, "run.run_dir": str(run_dir), "learner.steps": steps, "run.eval_interval": 0,
-        "learner.checkpoint_interval": 2, "learner.prompts_per_step": 4, "actor.n_samples": 8,
+        "learner.checkpoint_interval": 2, "job.prompts_per_step": 4, "job.n_samples": 8,
         "actor.num_actors": actors, "transport.work_port": port, "transport.rollout_port": port + 1,
         "transport.control_port": port + 2, "transport.heartbeat_timeout_s": HEARTBEAT_S,
         "transport.weight_timeout_s": 30.0, "learner.no_progress_s": 10.0, **over})

@@ -64,7 +64,7 @@ async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir
     m0 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     fl = FakeLearner(m0)
     cfg = actor_cfg(tiny_model_dir, 8, **{"actor.in_flight_on_update": "keep", "actor.max_tokens": 48,
-                                          "actor.max_model_len": 64, "learner.max_staleness": 8})
+                                          "actor.max_model_len": 64, "job.max_staleness": 8})
     proc = start_actor(cfg, tmp_path, fl.work_url, "a0")
     try:
         await fl.wait_groups(2, timeout_s=240)  # generating under the disk weights (version 0)

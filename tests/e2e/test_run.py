@@ -29,7 +29,7 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     cfg = load_config("tiny-cpu", {
         "model.path": warm_model_dir, "run.run_dir": str(run_dir), "learner.steps": 10,
-        "learner.checkpoint_interval": 2, "learner.prompts_per_step": 4, "actor.n_samples": 8,
+        "learner.checkpoint_interval": 2, "job.prompts_per_step": 4, "job.n_samples": 8,
         "run.eval_interval": 5, "run.eval_prompts": 16, "run.eval_samples": 4, "transport.work_port": 0, "transport.rollout_port": 0, "transport.control_port": 0,
     })
     # fixed free ports (0 would let each process pick its own)

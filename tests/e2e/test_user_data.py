@@ -43,7 +43,7 @@ def test_brorl_run_trains_on_a_users_model_and_files_and_evaluates_per_source(ch
     run_dir = tmp_path / "run"
     port = [free_ports(3) + i for i in range(3)]
     over = {**user_data.sources(paths), "model.path": chat_model_dir, "run.run_dir": str(run_dir), "run.seed": 1,
-            "learner.steps": 3, "learner.prompts_per_step": 4, "learner.num_minibatches": 1, "actor.n_samples": 4,
+            "learner.steps": 3, "job.prompts_per_step": 4, "learner.num_minibatches": 1, "job.n_samples": 4,
             "actor.prompts_per_request": 4, "actor.max_tokens": 16, "actor.max_model_len": 128,
             "learner.dynamic_sampling": False,  # a random-weight model solves nothing: every group would be dropped
             "learner.overlong_buffer": 4, "data.reasoning_end": "</think>", "run.eval_samples": 2,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from config.loader import load_config
-from config.schema import LearnerConfig
+from config.schema import JobConfig, LearnerConfig
 from learner.train_step import Trainer
 from tests.support.train_fixtures import fixed_groups
 
@@ -21,9 +21,9 @@ def test_train_step_on_cuda_matches_cpu(tiny_model_dir):
     for device in ("cpu", "cuda"):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-        cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3, device=device,
+        cfg = LearnerConfig(num_minibatches=2, lr=1e-3, device=device,
                             logprob_chunk_mb=0.01)
-        tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
+        tr = Trainer(model, cfg, JobConfig(n_samples=8, prompts_per_step=len(groups)), pad_id=eos)
         losses = [tr.step(groups)["loss"] for _ in range(2)]
         out[device] = (losses, {k: v.detach().cpu() for k, v in tr.model.state_dict().items()})
     assert out["cuda"][0] == pytest.approx(out["cpu"][0], rel=1e-3, abs=1e-5)

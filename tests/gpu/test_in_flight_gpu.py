@@ -21,7 +21,7 @@ async def test_nccl_update_into_a_keep_paused_engine_labels_every_token(tiny_mod
     m0 = perturbed(tiny_model_dir, 0).to("cuda:1")  # not the disk weights: version 1 is pushed first
     fl = FakeLearner(m0, backend="nccl")
     cfg = actor_cfg(tiny_model_dir, 16, **{"actor.in_flight_on_update": "keep", "actor.max_tokens": 192,
-                                           "actor.max_model_len": 256, "learner.max_staleness": 8,
+                                           "actor.max_model_len": 256, "job.max_staleness": 8,
                                            "transport.weight_backend": "nccl", "model.dtype": "float32",
                                            "actor.gpu_memory_utilization": 0.3, "actor.kv_cache_gib": 0})
     parent = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -38,7 +38,7 @@ def run_on_gpus(model_dir: str, run_dir, steps: int, **over) -> list[dict]:
     cfg = load_config("tiny-cpu", {
         "model.path": model_dir, "run.run_dir": str(run_dir), "learner.steps": steps,
         "learner.device": "cuda", "transport.weight_backend": "nccl", "actor.in_flight_on_update": "keep",
-        "actor.gpu_memory_utilization": 0.3, "actor.kv_cache_gib": 0, "actor.max_tokens": 32, "learner.max_staleness": 2,
+        "actor.gpu_memory_utilization": 0.3, "actor.kv_cache_gib": 0, "actor.max_tokens": 32, "job.max_staleness": 2,
         "transport.work_port": port, "transport.rollout_port": port + 1, "transport.control_port": port + 2,
         **over})
     assert run(cfg, evaluate=False) == 0

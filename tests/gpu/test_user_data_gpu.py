@@ -47,7 +47,7 @@ def test_brorl_preset_trains_a_step_of_a_1p5b_chat_model_on_a_parquet_file(tmp_p
                  "actor.gpu_memory_utilization": 0.3}
     port = free_ports(3)
     over = {"model.path": str(model), "data.train": [str(tmp_path / "train.parquet")], "run.run_dir": str(tmp_path / "run"),
-            "learner.steps": 1, "learner.prompts_per_step": 1, "actor.n_samples": 64, "actor.num_actors": 1,
+            "learner.steps": 1, "job.prompts_per_step": 1, "job.n_samples": 64, "actor.num_actors": 1,
             "actor.prompts_per_request": 1, "actor.max_tokens": 4096, "actor.max_model_len": 4608,
             "learner.dynamic_sampling": False,  # random weights solve nothing: every group would be dropped
             **place, "transport.work_port": port,

@@ -24,7 +24,7 @@ def job(model_dir: str, run_dir: Path, steps: int = 4, **over):
     port = free_ports(3)
     return load_config("tiny-cpu", {
         "model.path": model_dir, "run.run_dir": str(run_dir), "run.eval_interval": 0, "learner.steps": steps,
-        "learner.prompts_per_step": B, "actor.n_samples": N, "learner.max_staleness": 1,
+        "job.prompts_per_step": B, "job.n_samples": N, "job.max_staleness": 1,
         "learner.checkpoint_interval": 2, "learner.num_minibatches": 1, "transport.work_port": port,
         "transport.rollout_port": port + 1, "transport.control_port": port + 2, "transport.weight_timeout_s": 10.0,
         "transport.heartbeat_timeout_s": 2.0, **over})

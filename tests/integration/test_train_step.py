@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from config.schema import LearnerConfig
+from config.schema import JobConfig, LearnerConfig
 from learner.logprobs import pack, token_logprobs
 from learner.planning import rank_slice
 from learner.train_step import TrainGroup, Trainer
@@ -35,8 +35,8 @@ def test_training_raises_correct_over_incorrect(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     groups, eos = fixed_groups(tiny_model_dir, model=model)
     before = _margin(model, groups)
-    cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3, logprob_chunk_mb=0.004)
-    tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
+    cfg = LearnerConfig(num_minibatches=2, lr=1e-3, logprob_chunk_mb=0.004)
+    tr = Trainer(model, cfg, JobConfig(n_samples=8, prompts_per_step=len(groups)), pad_id=eos)
     metrics = [tr.step(groups) for _ in range(4)]
     after = _margin(tr.model, groups)
     assert after > before + 1.0, (before, after)
@@ -51,7 +51,7 @@ def test_dynamic_sampling_in_step_and_empty_batch(tiny_model_dir):
     groups, eos = fixed_groups(tiny_model_dir, groups=2, model=model)
     g = groups[0]
     all_right = TrainGroup(g.prompt_ids, g.completion_ids, g.behav_logp, [1.0] * 8, [True] * 8)
-    tr = Trainer(model, LearnerConfig(prompts_per_step=3, num_minibatches=2), n_samples=8, pad_id=eos)
+    tr = Trainer(model, LearnerConfig(num_minibatches=2), JobConfig(n_samples=8, prompts_per_step=3), pad_id=eos)
     m = tr.step([all_right, groups[1], all_right])
     assert m["groups_kept"] == 1 and m["train_pass_rate"] == pytest.approx(1 / 3) and m["samples"] == 8
     with pytest.raises(ValueError, match="dynamic sampling"):
@@ -73,22 +73,22 @@ def test_long_completions_are_counted_filtered_and_penalised(tiny_model_dir):
     longest = max(len(c) for g in groups for c in g.completion_ids)
     groups[0].truncated = [i % 2 == 0 for i in range(8)]  # four completions of the first group were cut
     cut, cut_tokens = 4, sum(len(c) for c, t in zip(groups[0].completion_ids, groups[0].truncated) if t)
-    base = LearnerConfig(prompts_per_step=2, num_minibatches=1, lr=1e-3)
-    plain = Trainer(copy.deepcopy(model), base, n_samples=8, max_tokens=longest, pad_id=eos).step(groups)
+    base = LearnerConfig(num_minibatches=1, lr=1e-3)
+    plain = Trainer(copy.deepcopy(model), base, JobConfig(n_samples=8, prompts_per_step=2), max_tokens=longest, pad_id=eos).step(groups)
     assert plain["truncated_frac"] == cut / 16 and plain["completion_len_max"] == longest
     assert plain["samples"] == 16 and plain["overlong_masked"] == 0
-    filt = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_filter": True}), n_samples=8,
+    filt = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_filter": True}), JobConfig(n_samples=8, prompts_per_step=2),
                    max_tokens=longest, pad_id=eos).step(groups)
     assert filt["overlong_masked"] == cut and filt["samples"] == 16 - cut
     assert filt["train_tokens"] == plain["train_tokens"] - cut_tokens
-    pen = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_buffer": 2}), n_samples=8,
+    pen = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_buffer": 2}), JobConfig(n_samples=8, prompts_per_step=2),
                   max_tokens=longest, pad_id=eos).step(groups)
     assert pen["reward_mean"] < plain["reward_mean"]  # the cut completions lost reward (up to 1 each)
     # nothing left: every completion cut and filtered, or every completion empty
     everything = [copy.copy(g) for g in groups]
     for g in everything:
         g.truncated = [True] * 8
-    tr = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_filter": True}), n_samples=8, pad_id=eos)
+    tr = Trainer(copy.deepcopy(model), base.model_copy(update={"overlong_filter": True}), JobConfig(n_samples=8, prompts_per_step=2), pad_id=eos)
     m = tr.step(everything)
     assert m["step_empty"] == 1.0 and m["samples"] == 0 and tr.state.step == 1
     empty = [TrainGroup(g.prompt_ids, [[] for _ in range(8)], [[] for _ in range(8)], g.rewards, g.correct)
@@ -99,8 +99,8 @@ def test_long_completions_are_counted_filtered_and_penalised(tiny_model_dir):
 def test_reference_reset_zeroes_kl(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     groups, eos = fixed_groups(tiny_model_dir, model=model)
-    cfg = LearnerConfig(prompts_per_step=4, num_minibatches=2, lr=1e-3, kl_coef=0.1, ref_reset_interval=2)
-    tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
+    cfg = LearnerConfig(num_minibatches=2, lr=1e-3, kl_coef=0.1, ref_reset_interval=2)
+    tr = Trainer(model, cfg, JobConfig(n_samples=8, prompts_per_step=4), pad_id=eos)
     m1 = tr.step(groups)
     m2 = tr.step(groups)  # a reset happens after this step
     assert m2["ref_reset"] == 1.0 and m2["ref_kl"] > 0
@@ -119,8 +119,8 @@ def test_reference_reset_zeroes_kl(tiny_model_dir):
 
 def test_lr_follows_sqrt_rule(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    cfg = LearnerConfig(prompts_per_step=128, lr=2e-6, lr_base_samples=512 * 16)
-    tr = Trainer(model, cfg, n_samples=512)
+    cfg = LearnerConfig(lr=2e-6, lr_base_samples=512 * 16)
+    tr = Trainer(model, cfg, JobConfig(n_samples=512, prompts_per_step=128))
     assert tr.lr == pytest.approx(2e-6 * (128 * 512 / (512 * 16)) ** 0.5)
     assert tr.backend.optimizer.param_groups[0]["lr"] == tr.lr
 
@@ -129,9 +129,9 @@ def test_an_optimizer_reset_keeps_the_scaled_learning_rate(tiny_model_dir):
     """A reference reset with `reset_optimizer_on_ref_reset` gives fresh AdamW moments at the step's
     sqrt-scaled rate, not at the configured base rate."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    cfg = LearnerConfig(prompts_per_step=128, lr=2e-6, lr_base_samples=512 * 16, kl_coef=0.1,
+    cfg = LearnerConfig(lr=2e-6, lr_base_samples=512 * 16, kl_coef=0.1,
                         reset_optimizer_on_ref_reset=True)
-    tr = Trainer(model, cfg, n_samples=512)
+    tr = Trainer(model, cfg, JobConfig(n_samples=512, prompts_per_step=128))
     assert tr.lr != cfg.lr
     tr.reset_reference()
     assert [g["lr"] for g in tr.backend.optimizer.param_groups] == [tr.lr] * len(tr.backend.optimizer.param_groups)
@@ -214,7 +214,7 @@ def test_nonfinite_gradient_skips_the_update_and_is_counted(tiny_model_dir):
     the mini-batch is skipped and counted; a finite step afterwards trains as usual."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     groups, eos = fixed_groups(tiny_model_dir)
-    tr = Trainer(model, LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=1e-3), n_samples=8,
+    tr = Trainer(model, LearnerConfig(num_minibatches=2, lr=1e-3), JobConfig(n_samples=8, prompts_per_step=len(groups)),
                  pad_id=eos)
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
     p = next(tr.model.parameters())
@@ -233,15 +233,15 @@ def test_bf16_parameters_are_refused_and_bf16_compute_keeps_fp32_master_weights(
     """AdamW on bf16 parameters at the BroRL rate rounds most updates away, so a bf16 model is refused;
     with float32 master weights and bf16 autocast, nearly every element moves."""
     groups, eos = fixed_groups(tiny_model_dir)
-    cfg = LearnerConfig(prompts_per_step=len(groups), num_minibatches=2, lr=5.7e-6, lr_base_samples=len(groups) * 8)
+    cfg = LearnerConfig(num_minibatches=2, lr=5.7e-6, lr_base_samples=len(groups) * 8)
     with pytest.raises(ValueError, match="bfloat16 parameters.*round most RL-sized updates away"):
-        Trainer(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16), cfg, n_samples=8)
+        Trainer(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16), cfg, JobConfig(n_samples=8, prompts_per_step=len(groups)))
     losses = {}
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        tr = Trainer(model, cfg, n_samples=8, pad_id=eos, compute_dtype=dtype)
+        tr = Trainer(model, cfg, JobConfig(n_samples=8, prompts_per_step=len(groups)), pad_id=eos, compute_dtype=dtype)
         losses[dtype] = [tr.step(groups)["loss"] for _ in range(3)]
         assert all(p.dtype == torch.float32 for p in tr.model.parameters())
         trained = [k for k, p in tr.model.named_parameters() if p.requires_grad]
@@ -273,8 +273,8 @@ def _one_step(tiny_model_dir, groups, eos, warm_up=False, reuse_old=True, **over
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
-    cfg = LearnerConfig(**{"prompts_per_step": len(groups), "num_minibatches": 2, "lr": 1e-3, **over})
-    tr = Trainer(model, cfg, n_samples=8, pad_id=eos)
+    cfg = LearnerConfig(**{"num_minibatches": 2, "lr": 1e-3, **over})
+    tr = Trainer(model, cfg, JobConfig(n_samples=8, prompts_per_step=len(groups)), pad_id=eos)
     tr.reuse_old = reuse_old
     no_grad_passes, logp = [0], tr._logp
 

@@ -94,7 +94,7 @@ async def test_the_answer_after_the_reasoning_block_is_scored_in_the_scoring_poo
 
 
 async def test_actor_admits_only_when_running_unpaused_and_sync_allows():
-    actor = Actor(load_config("tiny-cpu", {"learner.max_staleness": 1}), "a0", Endpoints())
+    actor = Actor(load_config("tiny-cpu", {"job.max_staleness": 1}), "a0", Endpoints())
     assert not actor.may_admit()  # no weights yet
     actor.sync.on_snapshot(0)
     assert actor.may_admit()

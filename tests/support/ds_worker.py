@@ -18,7 +18,7 @@ def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from config.schema import LearnerConfig
+    from config.schema import JobConfig, LearnerConfig
     from learner.ranks import Ranks
     from learner.train_step import Trainer
     from tests.support.train_fixtures import fixed_groups
@@ -38,10 +38,10 @@ def main(model_dir: str, out: str, backend: str, steps: int, micro_batch_tokens:
     torch.manual_seed(0)
     groups, eos = fixed_groups(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = LearnerConfig(backend=backend, prompts_per_step=len(groups), num_minibatches=2, lr=1e-3,
+    cfg = LearnerConfig(backend=backend, num_minibatches=2, lr=1e-3,
                         zero_stage=zero_stage, seed=0, micro_batch_tokens=micro_batch_tokens, device=device,
                         compile=compiled)
-    tr = Trainer(model, cfg, n_samples=8, pad_id=eos, ranks=ranks)
+    tr = Trainer(model, cfg, JobConfig(n_samples=8, prompts_per_step=len(groups)), pad_id=eos, ranks=ranks)
     if ranks is not None and ranks.rank > 0:
         ranks.follow(tr)
         ranks.close()

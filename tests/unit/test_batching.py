@@ -15,7 +15,7 @@ class _Tasks:
 
 
 def _dispatcher(B: int, K: int) -> Dispatcher:
-    cfg = load_config("tiny-cpu", {"learner.prompts_per_step": B, "learner.max_staleness": K})
+    cfg = load_config("tiny-cpu", {"job.prompts_per_step": B, "job.max_staleness": K})
     return Dispatcher(cfg, tasks=_Tasks())
 
 

@@ -12,7 +12,7 @@ from transport.zmq_transport import MAX_SENDERS, Endpoints, Limits, RolloutRecei
 
 
 def test_task_cache_holds_only_prompts_in_play():
-    cfg = load_config("tiny-cpu", {"learner.prompts_per_step": 4, "learner.max_staleness": 1})
+    cfg = load_config("tiny-cpu", {"job.prompts_per_step": 4, "job.max_staleness": 1})
     d = Dispatcher(cfg)
     for step in range(50):
         items = d.grant("a", 4, 100, step=step, actor_version=step)

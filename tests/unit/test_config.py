@@ -30,8 +30,8 @@ def test_a_preset_of_the_users_data_refuses_without_it_in_one_line(preset):
 
 def test_paper_recipes():
     bro, pro = load_config("brorl-1.5b", DATA), load_config("prorl-1.5b", DATA)
-    assert (bro.actor.n_samples, bro.learner.prompts_per_step) == (512, 128)
-    assert (pro.actor.n_samples, pro.learner.prompts_per_step) == (16, 512)
+    assert (bro.job.n_samples, bro.job.prompts_per_step) == (512, 128)
+    assert (pro.job.n_samples, pro.job.prompts_per_step) == (16, 512)
     # same number of PPO mini-batches whatever N is (paper 4.2)
     assert bro.learner.num_minibatches == pro.learner.num_minibatches
     # BroRL's lr is scaled from ProRL's samples per step
@@ -61,7 +61,7 @@ def test_override_reaches_the_field():
     "override, field",
     [
         ({"learner.eps_high": 0.1}, "learner.eps_high"),
-        ({"actor.n_samples": 1}, "actor.n_samples"),
+        ({"job.n_samples": 1}, "job.n_samples"),
         ({"learner.bogus_key": 1}, "learner.bogus_key"),
         ({"bogus_section.x": 1}, "bogus_section"),
         ({"actor.max_num_seqs": 1024}, "actor.max_num_seqs"),
@@ -78,9 +78,9 @@ def test_bad_value_names_the_field(override, field):
 
 
 def test_one_sample_is_fine_without_dynamic_sampling():
-    cfg = load_config("tiny-cpu", {"actor.n_samples": 1, "learner.dynamic_sampling": False,
+    cfg = load_config("tiny-cpu", {"job.n_samples": 1, "learner.dynamic_sampling": False,
                                    "learner.num_minibatches": 1})
-    assert cfg.actor.n_samples == 1
+    assert cfg.job.n_samples == 1
 
 
 def test_remote_host_needs_curve_or_waiver():
@@ -100,6 +100,26 @@ def test_show_roundtrips():
 
     again = validate(tomllib.loads(to_toml(cfg)))
     assert again == cfg
+
+
+def test_n_b_and_k_have_one_job_wide_home_and_the_old_keys_are_refused_with_the_new_one(tmp_path):
+    cfg = load_config("brorl-1.5b", {**DATA, "job.n_samples": 64})
+    assert (cfg.job.n_samples, cfg.job.prompts_per_step, cfg.job.max_staleness) == (64, 128, 1)
+    assert cfg.samples_per_step == 64 * 128
+    for section in ("actor", "learner"):  # the roles' sections no longer hold them
+        fields = type(getattr(cfg, section)).model_fields
+        assert not {"n_samples", "prompts_per_step", "max_staleness"} & set(fields), section
+    for old, new in (("actor.n_samples", "job.n_samples"), ("learner.prompts_per_step", "job.prompts_per_step"),
+                     ("learner.max_staleness", "job.max_staleness")):
+        with pytest.raises(ConfigError, match=f"{old} moved to {new}"):
+            load_config("tiny-cpu", {old: 4})
+    old_file = tmp_path / "mine.toml"  # a file of the old layout: refused, every moved key named at once
+    old_file.write_text("[actor]\nn_samples = 32\n[learner]\nprompts_per_step = 4\nmax_staleness = 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(old_file))
+    assert all(k in str(e.value) for k in ("actor.n_samples moved to job.n_samples",
+                                           "learner.prompts_per_step moved to job.prompts_per_step",
+                                           "learner.max_staleness moved to job.max_staleness"))
 
 
 def test_missing_file_is_named():
@@ -134,7 +154,7 @@ def test_nucleus_sampling_for_training_is_refused_with_the_reason():
      r"learner.device 'cuda:1' names one device but learner.devices = 2"),
     ({"learner.devices": 2, "learner.backend": "deepspeed", "learner.zero_stage": 3, "run.eval_interval": 10},
      r"run.eval_interval = 10 with learner.zero_stage = 3: .*brorl eval"),
-    ({"learner.devices": 8, "learner.backend": "deepspeed", "learner.prompts_per_step": 1, "actor.n_samples": 4,
+    ({"learner.devices": 8, "learner.backend": "deepspeed", "job.prompts_per_step": 1, "job.n_samples": 4,
       "learner.num_minibatches": 1}, r"a rank would get no sample of a mini-batch"),
 ])
 def test_learner_ranks_settings_that_cannot_work_are_refused(over, why):
