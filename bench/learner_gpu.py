@@ -141,7 +141,8 @@ def case(kind: str, p: dict) -> dict:
         return {"L": p["L"], "preset": p.get("preset", "brorl-1.5b"), **r}
     if kind == "mfu":
         over = {k: v for k, v in p.items() if k in ("activation_checkpointing", "activation_checkpointing_fraction",
-                                                     "micro_batch_tokens", "share_prompt", "compile", "backend")}
+                                                     "micro_batch_tokens", "share_prompt", "compile", "backend",
+                                                     "logprob_recompute")}
         lc = preset_learner(**over)
         groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
         try:

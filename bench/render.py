@@ -127,7 +127,8 @@ def _mfu_label(r: dict) -> str:
     ckpt = "no recomputation" if r.get("activation_checkpointing") is False else \
         f"{r.get('activation_checkpointing_fraction', 1.0):g} of the layers recomputed"
     return (f"{'compiled' if r.get('compile') else 'eager'}, {ckpt}, {r.get('backend') or 'deepspeed'}, "
-            f"{(r.get('micro_batch_tokens') or 65536) // 1024}k-token micro-batches")
+            f"{(r.get('micro_batch_tokens') or 65536) // 1024}k-token micro-batches"
+            + (", LM-head logits kept for backward" if r.get("logprob_recompute") is False else ""))
 
 
 def _learner_mfu(d: dict) -> Table:

@@ -16,6 +16,7 @@ from config.data import DataConfig
 from config.job import MOVED_TO_JOB, JobConfig
 from config.consistency import check_consistency
 from config.run import RunConfig
+from config.transport import TransportConfig
 
 #: vLLM captures CUDA graphs for decode batches up to this many sequences by default; above it the
 #: engine falls back to eager kernels (measured on an H200: 110 against 71 samples/s).
@@ -205,6 +206,13 @@ class LearnerConfig(_Section):
     through the LM head in chunks of ⌊budget / (4 · vocabulary)⌋ rows, so peak memory stays flat as
     vocabulary × batch grows."""
 
+    logprob_recompute: bool = True
+    """Recompute each chunk's LM-head logits in backward (only one chunk of logits is ever held). False: keep
+    what backward needs of every chunk of a micro-batch instead — 2 to 4 bytes × vocabulary per response token
+    (bf16 to float32: 9 to 18 GB for 30k response tokens at Qwen2's 151,936) — and skip the LM head's second
+    forward and its log-softmax over the vocabulary: about 4 % of a 1.5B step's GPU time (the H200 profile,
+    docs/benchmarks/learner.md). The same numbers either way."""
+
     overlong_filter: bool = False
     """Mask completions cut at `actor.max_tokens` (finish reason "length") out of the loss (DAPO's overlong
     filtering); they still count in their group's baseline. The paper names none: its presets leave it off."""
@@ -258,60 +266,6 @@ class LearnerConfig(_Section):
 
     seed: int = 0
     """Seed of the learner's RNGs (data order, dropout)."""
-
-
-class TransportConfig(_Section):
-    host: str = "127.0.0.1"
-    """Address the learner binds and actors connect to."""
-
-    work_port: int = Field(5555, ge=0, le=65535)
-    """ROUTER port for work requests and assignments (0: pick a free port)."""
-
-    rollout_port: int = Field(5556, ge=0, le=65535)
-    """PULL port receiving rollout groups."""
-
-    control_port: int = Field(5557, ge=0, le=65535)
-    """PUB port for control messages (versions, verifier swaps, pause/stop)."""
-
-    high_water_mark: int = Field(64, ge=1)
-    """ZeroMQ send/receive high-water mark, messages per socket."""
-
-    curve: bool = False
-    """CURVE encryption and authentication of every socket."""
-
-    allow_insecure_remote: bool = False
-    """Permit `curve = false` on a non-loopback `host` (explicit waiver)."""
-
-    keys_dir: str = "runs/keys"
-    """Folder of CURVE keys written by `brorl keys`."""
-
-    weight_backend: Literal["gloo", "nccl"] = "gloo"
-    """torch.distributed backend of the weight broadcast: gloo on CPUs, nccl on GPUs."""
-
-    weight_bucket_mb: int = Field(256, ge=1)
-    """Size of one broadcast bucket, MiB: bounds the extra memory of a weight update."""
-
-    weight_timeout_s: float = Field(120.0, gt=0.0)
-    """Seconds before a missing or dead weight receiver is reported as an error instead of a hang."""
-
-    heartbeat_interval_s: float = Field(1.0, gt=0.0)
-    """Seconds between an actor's heartbeats (they carry its weights' version and checksum and counters)."""
-
-    heartbeat_timeout_s: float = Field(5.0, gt=0.0)
-    """Seconds of silence (no heartbeat, request or hello) after which an actor is evicted: it leaves the
-    weight group before the next broadcast, and the prompts it holds go back to the queue. After a weight
-    sync fails, members silent for 1.5 heartbeat intervals are evicted at once (a dead one is found in
-    seconds, not after the weight timeout)."""
-
-    max_actors: int = Field(256, ge=1)
-    """Most actor ids the learner keeps state for at once (members, incarnations, reminders). A hello from
-    a new id while this many are tracked is refused (counted, logged) until silent ones are pruned: a flood
-    of forged ids cannot grow the learner's tables."""
-
-    admin_key: str = "admin"
-    """With `curve = true`: the key name (`brorl keys generate --admin NAME`) that `brorl verifiers swap`
-    signs in with. Only keys under `keys_dir/admins/` may send admin commands; without CURVE only a
-    connection from loopback may."""
 
 
 class VerifierConfig(_Section):

@@ -212,6 +212,7 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_mb: float | None = 256.0,
     compiled: bool = False,
+    recompute: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies of the completion tokens.
 
@@ -219,7 +220,8 @@ def token_logprobs(
     `logp` carries gradients to the model; `entropy` is detached (a metric).
     `chunk_mb` bounds the float32 logits held at once; `None` computes all logits at once (the
     unbounded baseline, for benchmarks). `compiled`: the chunk's head, log-softmax and entropy as fused
-    kernels (`learner.compile`).
+    kernels (`learner.compile`). `recompute` (`learner.logprob_recompute`): a chunk's logits are recomputed in
+    backward (checkpointed) rather than kept until it: the same values, less memory, one more LM-head pass.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -236,7 +238,7 @@ def token_logprobs(
     logps, ents = [], []
     fn = compiled_chunk_logp() if compiled else _chunk_logp
     for a, b in chunks:
-        if chunk_tokens is not None and torch.is_grad_enabled() and h.requires_grad:
+        if recompute and chunk_tokens is not None and torch.is_grad_enabled() and h.requires_grad:
             lp, en = checkpoint(fn, head, h[a:b], tgt[a:b], temperature, use_reentrant=False)
         else:
             lp, en = fn(head, h[a:b], tgt[a:b], temperature)

@@ -144,7 +144,7 @@ class Trainer:
         with torch.set_grad_enabled(grad), self._autocast():
             return token_logprobs(
                 model, packed, temperature=self.temperature, chunk_mb=self.cfg.logprob_chunk_mb,
-                compiled=self.cfg.compile)
+                compiled=self.cfg.compile, recompute=self.cfg.logprob_recompute)
 
     def warm_up(self) -> float:
         """This rank's compilation before the first step (`learner.compiling.warm_up`); 0 s without

@@ -331,13 +331,14 @@ def test_reusing_the_first_minibatch_forward_as_pi_old_is_exact(tiny_model_dir, 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean"])
 def test_token_budget_micro_batches_and_checkpointing_equal_the_unsplit_step(tiny_model_dir, loss_agg):
-    """Micro-batches of at most a few padded tokens (gradient accumulation) and activation checkpointing
-    give the loss and the gradients of one pass over each whole mini-batch, with less padding."""
+    """Micro-batches of at most a few padded tokens (gradient accumulation), activation checkpointing and
+    the LM head's logits kept for backward (`learner.logprob_recompute = False`) give the loss and the gradients of one pass over each whole mini-batch, with less padding."""
     groups, eos = _varied_groups(tiny_model_dir)
     ref_m, ref_g = _one_step(tiny_model_dir, groups, eos, loss_agg=loss_agg)
     for over in ({"micro_batch_tokens": 40}, {"micro_batch_tokens": 1}, {"activation_checkpointing": True},
                  {"micro_batch_tokens": 64, "activation_checkpointing": True},
-                 {"micro_batch_tokens": 64, "activation_checkpointing": True, "activation_checkpointing_fraction": 0.5}):
+                 {"micro_batch_tokens": 64, "activation_checkpointing": True, "activation_checkpointing_fraction": 0.5},
+                 {"micro_batch_tokens": 64, "logprob_recompute": False}):
         m, g = _one_step(tiny_model_dir, groups, eos, loss_agg=loss_agg, **over)
         assert m["micro_batches"] > ref_m["micro_batches"] or "micro_batch_tokens" not in over, over
         assert m["loss"] == pytest.approx(ref_m["loss"], rel=1e-10, abs=1e-12), over

@@ -43,6 +43,28 @@ def test_chunked_gradients_equal_unchunked(model):
         torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-5 * max(scale, 1.0))
 
 
+def test_keeping_the_chunks_logits_for_backward_gives_the_same_gradients_with_one_head_pass_fewer(model):
+    """`learner.logprob_recompute = False`: no chunk is recomputed in backward (the LM head runs once per chunk,
+    not twice) and the log-probs and every gradient are bit-for-bit those of the recomputing pass."""
+    b = pack([[1, 2, 3]] * 4, [[4, 5, 6, 7], [8], [9, 10], [11, 12, 13]])
+    head = model.get_output_embeddings()
+    runs = []
+    for recompute in (True, False):
+        calls = []
+        hook = head.register_forward_hook(lambda *_: calls.append(1))
+        model.zero_grad()
+        try:
+            lp, _ = token_logprobs(model, b, chunk_mb=0.001, recompute=recompute)  # 1 row per chunk: 10 chunks
+            (lp * torch.arange(1, 5)[:, None]).sum().backward()
+        finally:
+            hook.remove()
+        runs.append((lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, len(calls)))
+    (lp_re, g_re, heads_re), (lp_kept, g_kept, heads_kept) = runs
+    assert (heads_re, heads_kept) == (20, 10)
+    assert torch.equal(lp_re, lp_kept)
+    assert all(torch.equal(g_re[n], g_kept[n]) for n in g_re), [n for n in g_re if not torch.equal(g_re[n], g_kept[n])]
+
+
 def test_rows_per_chunk_and_bad_input(model):
     assert rows_per_chunk(1, 2**18) == 1 and rows_per_chunk(256, 151_936) == 441
     with pytest.raises(ValueError, match="prompts"):
