@@ -51,7 +51,7 @@ class Actor:
         self.inflight: dict[str, wire.PromptItem] = {}  # request id -> prompt
         self.returned: list[int] = []  # prompt ids to hand back with the next request
         self.tasks = TaskSet(actor_id)
-        self.supervisor = EngineSupervisor(lambda: make_async_engine(cfg), cfg.actor.max_engine_restarts,
+        self.supervisor = EngineSupervisor(lambda: make_async_engine(cfg, self.stats.gauge), cfg.actor.max_engine_restarts,
                                            self.tasks.spawn, self._engine_down, self._engine_up)
         self.sync = WeightSync(actor_id, cfg.job.max_staleness, None, self.tasks.spawn)
         self.versions = TokenVersions()  # each in-flight request's token versions (in_flight_on_update "keep")

