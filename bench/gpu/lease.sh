@@ -45,7 +45,7 @@ if [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
   keep_bench "learner_gpu_${TAG}*"
   (while sleep 30; do runs; done) &  # a run that stalls still shows why
   snap=$!
-  step e2e env TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep --steps 6 \
+  LIMIT=600 step e2e env TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep --steps 6 \
        --raw-steps 2 --share-gpu --tag "${TAG}shared"
   kill $snap; runs
   keep_bench "e2e_${TAG}shared*"
