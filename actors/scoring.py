@@ -4,7 +4,8 @@ Each completion is scored in a worker process (spawned, so no state from the vLL
 the verifier at a dotted path (workers import and cache verifiers by path, so a hot swap reaches them
 with the next task). A verifier that raises gives reward 0 with the error as reason; one that hangs past
 `timeout_s` or kills its worker process gives reward 0 with reason "timeout" / "worker crashed", the
-pool is rebuilt, and the remaining completions are scored again. The event loop never waits on a
+pool is rebuilt, and the remaining completions are scored again. A fresh pool's worker start and the
+verifier's import happen before the budget starts (`STARTUP_S` at most). The event loop never waits on a
 verifier except through `await`.
 """
 
@@ -22,6 +23,20 @@ from taskdata import answer_region
 from verifiers.base import VerifierResult
 
 _CACHE: dict[str, object] = {}
+STARTUP_S = 120.0
+"""The most a fresh pool may take to start a worker and import the verifier before scoring goes on anyway."""
+
+
+def _load_in_worker(path: str) -> None:
+    """Start a worker and import the verifier in it, outside any completion's time budget (a failure to load
+    is the scoring call's to report, as an error)."""
+    from verifiers.registry import load
+
+    if path not in _CACHE:
+        try:
+            _CACHE[path] = load(path)
+        except Exception:
+            pass
 
 
 def _score_in_worker(path: str, completion: str, reference: str) -> tuple[float, bool, str, str]:
@@ -89,6 +104,7 @@ class ScoringPool:
         todo = list(range(len(completions)))
         while todo:
             pool = self._pool
+            await self._start(pool, path)
             try:
                 futs = {i: loop.run_in_executor(pool, _score_in_worker, path, completions[i], reference)
                         for i in todo}
@@ -125,6 +141,19 @@ class ScoringPool:
                     self._restart()
             todo = [i for i in todo if out[i] is None]
         return [s for s in out if s is not None]
+
+    async def _start(self, pool: cf.ProcessPoolExecutor, path: str) -> None:
+        """A fresh pool spawns its workers at its first task, and a worker imports a verifier at its first use
+        of it: neither may count against a completion's `timeout_s` (on a loaded machine a spawn alone can
+        take longer, and every completion would time out, a crashing verifier's too)."""
+        ready = pool.__dict__.setdefault("brorl_ready", set())  # verifier paths a worker of this pool has imported
+        if path in ready:
+            return
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, _load_in_worker, path), STARTUP_S)
+        except (asyncio.TimeoutError, cf.process.BrokenProcessPool, RuntimeError):
+            return  # the scoring round reports it (a timeout, a crashed worker) and restarts the pool
+        ready.add(path)
 
     async def score_answers(self, path: str, version: str, completions: list[str], reference: str,
                             data: DataConfig) -> list[Scored]:

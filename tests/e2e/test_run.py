@@ -79,11 +79,12 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
             assert v is None or math.isfinite(v), (r["step"], k)
         assert not any(v is None for k, v in r.items() if k != "time"), r
     # how full the engine was, from vLLM's own scheduler stats each engine step (the actor's EngineGauge):
-    # the job's 16 samples a prompt ran side by side, within the engine's max_num_seqs and KV cache
+    # several sequences ran side by side (fewer than a group's N at the tails, as completions end), within the
+    # engine's max_num_seqs and KV cache
     from actors.stats import EngineGauge
     full = EngineGauge.means(rows[1], rows[-1], prefix="actor_")
     assert rows[-1]["actor_engine_steps"] > rows[1]["actor_engine_steps"] > 0
-    assert cfg.job.n_samples <= full["mean_running_seqs"] <= cfg.actor.max_num_seqs, full
+    assert 1 < full["mean_running_seqs"] <= cfg.actor.max_num_seqs, full
     assert 0.0 < full["mean_kv_use"] <= 1.0, full
     after = _ledger(run_dir)[len(ledger_before):]
     # the same next prompts: first what was granted but not consumed, in order, then fresh ones (a prompt

@@ -203,8 +203,14 @@ def test_missing_bubblewrap_refuses_with_the_fix(world):
     assert "refused" in res and "apt-get install bubblewrap" in res["refused"], res
 
 
-async def test_nothing_survives_a_sigkilled_scoring_worker():
-    tmp = tempfile.gettempdir()
+async def test_nothing_survives_a_sigkilled_scoring_worker(tmp_path, monkeypatch):
+    # the scoring pool's temporary folder is this test's own (its workers inherit TMPDIR, a forked one
+    # tempfile's cached choice): the host's /tmp also gets other tests' files, e.g. a vLLM engine's on the
+    # other pytest worker, which are not this one's to judge
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     before = set(os.listdir(tmp))
     ref = json.dumps({"tests": [{"input": "", "output": "x"}]})
     prog = "```python\nimport os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\ntime.sleep(600)\n```"

@@ -93,6 +93,25 @@ async def test_the_answer_after_the_reasoning_block_is_scored_in_the_scoring_poo
         pool.close()
 
 
+async def test_a_pools_start_and_a_verifiers_import_do_not_count_against_a_completions_time():
+    """A fresh pool spawns its worker and the worker imports the verifier (3 s here) before any completion's
+    `timeout_s` (1 s) starts: on a loaded machine a spawn alone outlasted the budget and every completion,
+    a crashing verifier's too, was scored "timeout"."""
+    from actors.scoring import ScoringPool
+    from verifiers import synthetic
+
+    ok, ref = synthetic.SELF_TEST[0][0], synthetic.SELF_TEST[0][1]
+    pool = ScoringPool(1, 1.0)
+    try:
+        got = await pool.score("tests.support.verifier_mods.slow_import", "1", [ok, ok], ref)
+        assert [(s.result.correct, s.version) for s in got] == [(True, "slow-import-1")] * 2, [s.result for s in got]
+        assert pool.restarts == 0
+        crashed = await pool.score("tests.support.verifier_mods.crashes", "1", [ok], ref)  # a fresh pool each try
+        assert [s.result.reason for s in crashed] == ["worker crashed"] and pool.restarts == 2
+    finally:
+        pool.close()
+
+
 async def test_actor_admits_only_when_running_unpaused_and_sync_allows():
     actor = Actor(load_config("tiny-cpu", {"job.max_staleness": 1}), "a0", Endpoints())
     assert not actor.may_admit()  # no weights yet
