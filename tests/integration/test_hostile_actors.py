@@ -99,7 +99,7 @@ async def test_groups_naming_another_actor_touch_nothing_of_it(tiny_model_dir, t
     """Finding 11: a group claiming a0 under evil's key used to return a0's lease and NACK a0; 400 groups
     of evil's own with ids "a0:<a0's incarnation>:<seq>" poisoned a0's duplicate table (a0's real groups
     were then dropped as duplicates); a replayed group's ack rode on the next ack, whoever sent it."""
-    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=6)
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=8)
     svc = LearnerService(cfg)
     ep = LearnerService.endpoints_of(cfg)
     a0 = FakeActor(ep, "a0", n_samples=N, seed=4, sec=Security(True, keys, "a0"))
@@ -108,8 +108,16 @@ async def test_groups_naming_another_actor_touch_nothing_of_it(tiny_model_dir, t
 
     async def attack():
         s = ActorSockets(ep, "evil", Security(True, keys, "evil"))
+
+        async def acks():  # read as they come (read only after the flood, a busy machine's job could end first)
+            while True:
+                msg = await s.work.recv()
+                if isinstance(msg, wire.GroupAck):
+                    evil_acks.extend(msg.group_ids)
+        reader = None
         try:
             await s.sync(-1)
+            reader = asyncio.create_task(acks())
             while not a0.sent:
                 await asyncio.sleep(0.01)
             real = a0.sent[0]
@@ -122,15 +130,18 @@ async def test_groups_naming_another_actor_touch_nothing_of_it(tiny_model_dir, t
             own_ids.append(own.group_id)
             for _ in range(2):
                 await s.rollouts.sock.send_multipart(wire.encode(own), copy=False)
+            for _ in range(600):  # both acks before the flood (the replay's is sent when the next group arrives)
+                if evil_acks.count(own.group_id) >= 2:
+                    break
+                await asyncio.sleep(0.05)
             # its own actor id, a0's group ids: seqs a0 is about to use
             for seq in range(400):
                 await s.rollouts.sock.send_multipart(wire.encode(wire.RolloutGroup(
                     **{**real.__dict__, "actor_id": "evil", "group_id": f"a0:{inc}:{seq}"})), copy=False)
-            while True:
-                msg = await s.work.recv()
-                if isinstance(msg, wire.GroupAck):
-                    evil_acks.extend(msg.group_ids)
+            await reader
         finally:
+            if reader is not None:
+                reader.cancel()
             s.close()
 
     await run(cfg, svc, [a0], attack)
