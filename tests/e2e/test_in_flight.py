@@ -45,8 +45,11 @@ async def push_until_mixed(fl: FakeLearner, model_dir: str, models: dict, tries:
         await asyncio.sleep(0.2 * (v % 3))
         models[v] = fl.model = perturbed(model_dir, v).to(device)
         await fl.push_weights(["a0"], version=v)
-        # a group that was in flight when v landed (`versions` are offsets from the group's first version)
-        await fl.wait_groups(1, timeout_s=120, where=lambda g, v=v: g.versions.size and g.token_versions().max() >= v)
+        # a group sampled (in part) by v: one in flight when v landed (`versions` are offsets from the group's
+        # first version), or, where v landed on an idle engine (a slow machine), one wholly of v (no offsets):
+        # then the next push tries again
+        await fl.wait_groups(1, timeout_s=120, where=lambda g, v=v: (
+            g.token_versions().max() if g.versions.size else g.policy_version) >= v)
         mixed = [g for g in fl.groups if g.versions.size and g.versions.min() < g.versions.max()]
         if mixed:
             return mixed
