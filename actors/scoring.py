@@ -27,24 +27,26 @@ STARTUP_S = 120.0
 """The most a fresh pool may take to start a worker and import the verifier before scoring goes on anyway."""
 
 
-def _load_in_worker(path: str) -> None:
-    """Start a worker and import the verifier in it, outside any completion's time budget (a failure to load
-    is the scoring call's to report, as an error)."""
+def _verifier(path: str):
+    """The verifier at `path`, imported once per worker."""
     from verifiers.registry import load
 
     if path not in _CACHE:
-        try:
-            _CACHE[path] = load(path)
-        except Exception:
-            pass
+        _CACHE[path] = load(path)
+    return _CACHE[path]
+
+
+def _load_in_worker(path: str) -> None:
+    """Start a worker and import the verifier in it, outside any completion's time budget (a failure to load
+    is the scoring call's to report, as an error)."""
+    try:
+        _verifier(path)
+    except Exception:
+        pass
 
 
 def _score_in_worker(path: str, completion: str, reference: str) -> tuple[float, bool, str, str]:
-    from verifiers.registry import load
-
-    v = _CACHE.get(path)
-    if v is None:
-        v = _CACHE[path] = load(path)
+    v = _verifier(path)
     try:
         r = v.score(completion, reference)
         return float(r.reward), bool(r.correct), r.reason, v.version

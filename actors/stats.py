@@ -8,42 +8,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
-@dataclass
-class ActorStats:
-    groups_sent: int = 0
-    samples: int = 0
-    tokens: int = 0
-    aborted: int = 0
-    updates: int = 0
-    idle_weight_s: float = 0.0
-    """Seconds the engine had nothing to do because of weights: loading an update (after in-flight work
-    finished) or gated by max_staleness while waiting for the next one."""
-    update_s: float = 0.0
-    """Seconds spent receiving and loading weight updates."""
-    score_s: float = 0.0
-    """Seconds groups spent in the verifier pool (overlaps generation: other requests run meanwhile)."""
-    kept_updates: int = 0
-    """Updates applied with requests kept in flight (`actor.in_flight_on_update = "keep"`)."""
-    aborted_stale: int = 0
-    """Requests aborted at an update because it would have left them more than max_staleness behind."""
-    engine_restarts: int = 0
-    rejected: int = 0
-    """Groups the learner rejected (NACKed with a reason): dropped, never re-sent."""
-    errors: deque[str] = field(default_factory=lambda: deque(maxlen=100))
-    """The latest errors worth keeping (bounded: a long job with a flaky verifier must not grow without end)."""
-
-    gauge: "EngineGauge" = field(default_factory=lambda: EngineGauge())
-    """What the engine ran, step by step (vLLM's scheduler stats)."""
-
-    def heartbeat(self, idle_s: float) -> dict[str, float]:
-        """The counters a heartbeat carries (`wire.Heartbeat.stats`)."""
-        return {**self.gauge.counters(), "samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
-                "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
-                "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s,
-                "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale,
-                "update_s": self.update_s, "score_s": self.score_s}
-
-
 class EngineGauge:
     """How full the engine was, engine step by engine step: vLLM hands each step's scheduler stats to this
     (`actors.engine.make_async_engine(cfg, gauge)` registers it as a stat logger), and it sums the sequences
@@ -80,6 +44,42 @@ class EngineGauge:
         steps = after.get(f"{prefix}engine_steps", 0) - before.get(f"{prefix}engine_steps", 0)
         return {f"mean_{k}": (after.get(f"{prefix}{k}", 0) - before.get(f"{prefix}{k}", 0)) / steps if steps else 0.0
                 for k in ("running_seqs", "waiting_seqs", "kv_use")}
+
+
+@dataclass
+class ActorStats:
+    groups_sent: int = 0
+    samples: int = 0
+    tokens: int = 0
+    aborted: int = 0
+    updates: int = 0
+    idle_weight_s: float = 0.0
+    """Seconds the engine had nothing to do because of weights: loading an update (after in-flight work
+    finished) or gated by max_staleness while waiting for the next one."""
+    update_s: float = 0.0
+    """Seconds spent receiving and loading weight updates."""
+    score_s: float = 0.0
+    """Seconds groups spent in the verifier pool (overlaps generation: other requests run meanwhile)."""
+    kept_updates: int = 0
+    """Updates applied with requests kept in flight (`actor.in_flight_on_update = "keep"`)."""
+    aborted_stale: int = 0
+    """Requests aborted at an update because it would have left them more than max_staleness behind."""
+    engine_restarts: int = 0
+    rejected: int = 0
+    """Groups the learner rejected (NACKed with a reason): dropped, never re-sent."""
+    errors: deque[str] = field(default_factory=lambda: deque(maxlen=100))
+    """The latest errors worth keeping (bounded: a long job with a flaky verifier must not grow without end)."""
+
+    gauge: EngineGauge = field(default_factory=EngineGauge)
+    """What the engine ran, step by step (vLLM's scheduler stats)."""
+
+    def heartbeat(self, idle_s: float) -> dict[str, float]:
+        """The counters a heartbeat carries (`wire.Heartbeat.stats`)."""
+        return {**self.gauge.counters(), "samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
+                "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
+                "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s,
+                "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale,
+                "update_s": self.update_s, "score_s": self.score_s}
 
 
 class EngineLoad:

@@ -96,11 +96,10 @@ def _gpu_validate_one(stem: str, seeds: int) -> list[dict]:
         # the engine at the raw run's rate (it too had about `seqs` sequences at once)
         rates = {**cal["rates"], "gen_tokens_per_s": raw[run["n"]]["samples_per_s"] * mean_tokens * (seqs + 128) / seqs,
                  "load_s": load}
+        k = job.get("job.max_staleness", job.get("learner.max_staleness"))  # older results: K before [job]
         sims = [simulate(fleet_from({**cal, "rates": rates}, actors=run["actors"], n=run["n"],
                                     prompts_per_step=b, prompts_per_request=b,
-                                    max_staleness=job.get("job.max_staleness", job.get("learner.max_staleness")),  # K (older
-                                    # results files name it where it lived before [job])
-                                    mean_tokens=job["actor.length_median"],
+                                    max_staleness=k, mean_tokens=job["actor.length_median"],
                                     length_sigma=job.get("actor.length_sigma", 1.0),  # the schema default
                                     max_tokens=job["actor.max_tokens"], lengths="prompt",
                                     in_flight=run["update"], steps=30, seed=s)) for s in range(seeds)]

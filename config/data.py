@@ -15,16 +15,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from config.section import Section
 
 LAYOUTS = ("auto", "brorl", "verl", "openrlhf", "problem-answer", "question-solution", "ifeval", "custom")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-
-class DataSource(_Section):
+class DataSource(Section):
     path: str
     """A JSONL file, a Parquet file, or a folder written by `datasets`' `save_to_disk` (a Dataset or a
     DatasetDict). Relative paths are taken from the working directory."""
@@ -59,7 +57,7 @@ class DataSource(_Section):
     """Read at most this many rows (0: all)."""
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     train: list[DataSource] = Field(default_factory=list)
     """Training files. Empty: the procedural task of `verifiers.task`."""
 

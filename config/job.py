@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from config.run import _Section
+from config.section import Section
 
 
-class JobConfig(_Section):
+class JobConfig(Section):
     """N, B and K: the shape of a step, which every role reads (the actors sample N per prompt and gate on K,
     the learner validates N, assembles B groups, admits and aborts by K, scales the rate by B × N)."""
 

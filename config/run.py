@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from config.section import Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-
-class RunConfig(_Section):
+class RunConfig(Section):
     run_dir: str = "runs/default"
     """Folder for checkpoints, metrics and plots."""
 

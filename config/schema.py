@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from config.section import Section
 
 from config.data import DataConfig
 from config.job import MOVED_TO_JOB, JobConfig
@@ -23,11 +25,7 @@ from config.transport import TransportConfig
 VLLM_DEFAULT_MAX_CAPTURE_SIZE = 512
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-
-class ModelConfig(_Section):
+class ModelConfig(Section):
     path: str = "runs/tiny-model"
     """Hugging Face folder of the policy (config, tokenizer, safetensors). Relative paths are taken
     from the working directory. `brorl make-tiny-model` writes the default one."""
@@ -42,7 +40,7 @@ class ModelConfig(_Section):
     """Seed for `brorl make-tiny-model` (tokenizer corpus and initial weights)."""
 
 
-class ActorConfig(_Section):
+class ActorConfig(Section):
     num_actors: int = Field(1, ge=1)
     """Number of actor processes (one vLLM engine each) that `brorl run` starts."""
 
@@ -133,7 +131,7 @@ class ActorConfig(_Section):
     (`brorl run`, Ray, Docker) to restart."""
 
 
-class LearnerConfig(_Section):
+class LearnerConfig(Section):
     steps: int = Field(20, ge=1)
     """RL steps (policy versions) to train."""
 
@@ -268,7 +266,7 @@ class LearnerConfig(_Section):
     """Seed of the learner's RNGs (data order, dropout)."""
 
 
-class VerifierConfig(_Section):
+class VerifierConfig(Section):
     task: str = "synthetic"
     """The procedural task, used when `data.train` names no file: synthetic, reasoning_gym:<dataset>, or
     throughput:<pass rate>[:<prompt chars>] (any model, trained or not, passes at that rate: for measuring
@@ -299,7 +297,7 @@ class VerifierConfig(_Section):
     them anyway with rlimits and a wall-clock kill only. Off: an actor of a code task refuses to start."""
 
 
-class BrorlConfig(_Section):
+class BrorlConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model."""
 

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from config.run import _Section
+from config.section import Section
 
 
-class TransportConfig(_Section):
+class TransportConfig(Section):
     host: str = "127.0.0.1"
     """Address the learner binds and actors connect to."""
 
