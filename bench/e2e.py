@@ -63,7 +63,9 @@ def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update:
                             "actor.prompts_per_request": b, "actor.max_tokens": 64, "actor.length_median": 24,
                             "actor.max_model_len": 256}
     b = max(1, SAMPLES_PER_STEP // n)
-    return "brorl-1.5b", {**common, "job.prompts_per_step": b, "actor.prompts_per_request": b,
+    # the preset scores the answer after the model's `</think>`: a random-weight model never writes one, and
+    # every group would be all-wrong (the throughput task scores the whole completion)
+    return "brorl-1.5b", {**common, "data.reasoning_end": "", "job.prompts_per_step": b, "actor.prompts_per_request": b,
                           "actor.max_tokens": 1024, "actor.length_median": 256, "actor.max_model_len": 1280,
                           "learner.devices": learner_gpus, "learner.gpus": list(range(first_gpu, first_gpu + learner_gpus)),
                           **({"learner.device": "cuda"} if learner_gpus > 1 else {}),

@@ -296,7 +296,7 @@ def mfu_label(r: dict) -> str:
     ckpt = "no ckpt" if r.get("activation_checkpointing") is False else \
         f"ckpt {r.get('activation_checkpointing_fraction', 1.0):g}"
     return (f"{'compiled' if r.get('compile') else 'eager'}, {ckpt}, {r.get('backend', 'deepspeed')}, "
-            f"{r.get('micro_batch_tokens', 65536) // 1024}k")
+            f"{r.get('micro_batch_tokens', 65536) // 1024}k" + (", head logits kept" if r.get("logprob_recompute") is False else ""))
 
 
 def _plot(longest, mfu, shared, scale, out, st: dict) -> None:

@@ -145,8 +145,9 @@ KERNEL_KINDS = (("matrix multiplications", ("nvjet", "gemm", "cutlass", "sm90_xm
 
 
 def _learner_profile(d: dict) -> Table:
-    """The profiled case's 20 costliest GPU kernels, summed by kind (the rest of the step: 'not in the 20')."""
-    r = next(r for r in d["mfu"] if r.get("profile"))
+    """The profiled case's 20 costliest GPU kernels (of the best profiled case), summed by kind (the rest of the
+    step: 'not in the 20')."""
+    r = max((r for r in d["mfu"] if r.get("profile")), key=lambda r: r.get("mfu", 0.0))
     kinds: dict[str, list[float]] = {}
     for k in r["profile"]:
         kind = next((name for name, keys in KERNEL_KINDS if any(x in k["kernel"] for x in keys)), "other elementwise kernels")

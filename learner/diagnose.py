@@ -10,8 +10,18 @@ def why_no_batch(dispatcher, batcher, members, version: int) -> str:
     alive = m.alive()
     held = collections.Counter(d.outstanding.values())
     in_play = len(d.pending) - len(d.requeue) - len(b.consumed_ids)
+    st = b.stats
+    dropped = st["drop_all_correct"] + st["drop_all_wrong"]
     if not b.waiting:
         why = "the learner is not waiting for data: it is in a weight sync, a training step or a checkpoint"
+    elif st["groups_received"] >= b.B and dropped == st["groups_received"] and not b.kept and not b._gathered:
+        which = "all-wrong" if st["drop_all_wrong"] == dropped else "all-correct" if st["drop_all_correct"] == dropped \
+            else "all-correct or all-wrong"
+        why = (f"every one of the {dropped} groups received since the last step was {which}, and dynamic sampling "
+               "drops such groups: " + ("the task is too hard for the model, or no answer is ever scored (is "
+               "data.reasoning_end set while the model never closes its reasoning? does the verifier read the "
+               "model's answer format?)" if which == "all-wrong" else "the task is too easy or too hard for the "
+               "model; check the verifier and the data"))
     elif not alive:
         why = "no actor is alive (none heard from within transport.heartbeat_timeout_s)"
     elif m.needs_sync(version):

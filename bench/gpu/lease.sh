@@ -33,23 +33,22 @@ GPUS=$(nvidia-smi -L | wc -l)
 PT="python3 -m pytest -q -s -p no:cacheprovider"
 ACT="python3 -m bench.actor --preset brorl-1.5b --dummy-1p5b --total 4096 --prompt-len 512 --max-tokens 256 --repeats 1 --cases 512:on,16:on"
 if [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
-  # one GPU, the learner's speed (issue: the whole loop at the speed of its engines): the best case of 2026-11-29 (no
-  # recomputation, 32k-token micro-batches) with the LM head's logits kept for backward (profiled) and without
-  # (fused AdamW since), a quarter recomputed with the logits kept; then the loop on the shared GPU with
-  # the compiler's recompilations logged (the learner's `compiled_frames` and `mfu` per step in metrics.jsonl);
-  # then the presets' gpu test (the learner's step was split into plan and run)
+  # one GPU, the learner's speed (issue: the whole loop at the speed of its engines): no recomputation at
+  # 32k-token micro-batches with the LM head's logits kept for backward (profiled) and without; the presets'
+  # gpu test; then the loop on the shared GPU with the compiler's recompilations logged (the learner's
+  # `compiled_frames` and `mfu` per step in metrics.jsonl, the actor's engine gauge); then a user's data
   step mfu python3 -m bench.learner --gpu --tag "$TAG" --mfu-add '[
     {"backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768, "logprob_recompute": false, "profile": true},
-    {"backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768},
-    {"backend": "torch", "activation_checkpointing_fraction": 0.25, "micro_batch_tokens": 32768, "logprob_recompute": false}]'
+    {"backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768}]'
   keep_bench "learner_gpu_${TAG}*"
+  step presets $PT tests/gpu/test_presets_gpu.py
   (while sleep 30; do runs; done) &  # a run that stalls still shows why
   snap=$!
   LIMIT=600 step e2e env TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep --steps 6 \
        --raw-steps 2 --share-gpu --tag "${TAG}shared"
   kill $snap; runs
   keep_bench "e2e_${TAG}shared*"
-  step presets $PT tests/gpu/test_presets_gpu.py
+  step userdata $PT tests/gpu/test_user_data_gpu.py
 elif [ "$GPUS" = 1 ]; then  # ONE=engine
   # 1. the paper's presets' learner, then the learner's MFU at the preset's best single-GPU settings,
   #    with the compiler's recompilations logged

@@ -1,0 +1,31 @@
+"""The learner's no-progress diagnosis names the reason a batch is not forming."""
+
+import numpy as np
+
+from config.loader import load_config
+from learner.batching import Batcher, Dispatcher
+from learner.diagnose import why_no_batch
+from learner.membership import Membership
+from tests.support.transport_helpers import make_group
+
+
+def _state(correct: list[int], groups: int):
+    d = Dispatcher(load_config("tiny-cpu", {"job.prompts_per_step": 2}))
+    b = Batcher(2)
+    for i in range(groups):
+        g = make_group(f"a:{i}", n=len(correct), seed=i)
+        g.correct = np.array(correct, np.uint8)
+        b.add(g)
+    b.waiting = True
+    return d, b, Membership(timeout_s=5)
+
+
+def test_groups_that_dynamic_sampling_drops_whole_are_named_as_the_reason():
+    msg = why_no_batch(*_state([0, 0, 0, 0], groups=5), version=0)
+    assert msg.startswith("every one of the 5 groups received since the last step was all-wrong")
+    assert "data.reasoning_end" in msg
+    msg = why_no_batch(*_state([1, 1, 1, 1], groups=3), version=0)
+    assert msg.startswith("every one of the 3 groups received since the last step was all-correct")
+    # one group is not yet a pattern (fewer than B received); a mixed group is kept: other reasons apply
+    assert not why_no_batch(*_state([0, 0, 0, 0], groups=1), version=0).startswith("every one")
+    assert not why_no_batch(*_state([0, 1, 0, 0], groups=1), version=0).startswith("every one")
