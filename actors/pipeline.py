@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from actors.engine import CompletionTexts, build_group, request_max_tokens, sampling_params
+from actors.engine import CompletionTexts, build_group, request_max_tokens, request_seed, sampling_params
 from actors.in_flight import TokenVersions
 from actors.scoring import ScoringPool, verifier_failed
 from actors.stats import ActorStats, EngineLoad
@@ -49,6 +49,8 @@ class GroupPipeline:
         try:
             sp = sampling_params(a, self.cfg.job.n_samples, output_kind=RequestOutputKind.FINAL_ONLY,
                                  max_tokens=request_max_tokens(a, self.cfg.run.seed, item.prompt_id),
+                                 **({"seed": request_seed(self.cfg.run.seed, item.prompt_id)}
+                                    if self.cfg.run.reproducible else {}),
                                  **self.texts.request_kwargs())
             prompt = {"prompt_token_ids": item.prompt_token_ids} if item.prompt_token_ids else item.prompt
             async for out in self.supervisor.engine.generate(prompt, sp, rid):

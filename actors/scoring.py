@@ -71,6 +71,7 @@ class ScoringPool:
         self.workers = workers
         self.timeout_s = timeout_s
         self.restarts = 0
+        self._queued = 0  # completions submitted by every scoring round in progress (they share the workers)
         self._pool = self._new_pool()
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
@@ -113,8 +114,14 @@ class ScoringPool:
             except RuntimeError:  # the pool was shut down by a concurrent restart between our steps
                 await asyncio.sleep(0.05)
                 continue
-            budget = self.timeout_s * -(-len(todo) // self.workers)  # every worker busy the whole time
-            done, pending = await asyncio.wait(futs.values(), timeout=budget)
+            # every worker busy the whole time, on this round's completions and on those other groups' rounds
+            # queued before them (a completion's budget must not run out while it waits behind another's)
+            budget = self.timeout_s * -(-(self._queued + len(todo)) // self.workers)
+            self._queued += len(todo)
+            try:
+                done, pending = await asyncio.wait(futs.values(), timeout=budget)
+            finally:
+                self._queued -= len(todo)
             crashed = False
             for i, f in futs.items():
                 if f in pending:  # still running past its time: a hung verifier

@@ -3,6 +3,7 @@ CURVE for a remote host, GPU placement's double booking, ...): each failure name
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from config.placement import check_fields
@@ -83,6 +84,15 @@ def check_consistency(cfg: "BrorlConfig") -> None:
     if lrn.overlong_buffer >= act.max_tokens:
         raise ValueError(f"learner.overlong_buffer ({lrn.overlong_buffer}) must be below actor.max_tokens "
                          f"({act.max_tokens}): the penalty ramps up over the last tokens before the limit")
+    if cfg.run.reproducible and (act.num_actors != 1 or job.max_staleness != 0 or lrn.devices != 1):
+        raise ValueError(f"run.reproducible needs actor.num_actors = 1 (is {act.num_actors}), job.max_staleness "
+                         f"= 0 (is {job.max_staleness}) and learner.devices = 1 (is {lrn.devices}): several "
+                         f"actors, generation ahead of training or several ranks make the order of arrivals "
+                         f"and sums differ from run to run")
+    if lrn.init_from and Path(cfg.model.path).resolve() != (Path(lrn.init_from) / "model").resolve():
+        raise ValueError(f"learner.init_from {lrn.init_from!r} with model.path {cfg.model.path!r}: set model.path "
+                         f"to {str(Path(lrn.init_from) / 'model')!r}, so the actors start from the weights "
+                         f"whose optimizer state the learner continues")
     check_fields(cfg)  # GPU placement: double booking, counts (the hardware is checked at launch)
     if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
         raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")

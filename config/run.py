@@ -16,6 +16,14 @@ class RunConfig(Section):
     seed: int = 0
     """Master seed."""
 
+    reproducible: bool = False
+    """Two runs of one command give the same steps, metrics and held-out curve, bit for bit (tested on CPU):
+    every request samples from its own seed (`run.seed`, prompt id), prompts are handed out in waves whose
+    size depends only on what the run has seen, a batch is the B lowest-numbered kept groups once every
+    granted prompt is answered, and the learner's ops are deterministic. Needs one actor and
+    `job.max_staleness = 0`; costs the overlap of generation and training. Several actors, K >= 1 or GPU
+    kernels make runs differ (arrival order, batch composition, atomics): docs/configuration.md."""
+
     eval_prompts: int = Field(64, ge=1)
     """Held-out prompts used for pass@1 before and after training."""
 

@@ -262,6 +262,12 @@ class LearnerConfig(Section):
     """Checkpoints kept by rotation (the newest ones); a checkpoint folder holding a file named KEEP is
     never removed."""
 
+    init_from: str = ""
+    """A checkpoint folder of another run (`<run_dir>/checkpoints/step-000440`) this run starts from: its
+    model and its AdamW state (moments and update count), so a new phase continues the optimizer of the one
+    before; the step, data cursor and learning rate are this run's own. `model.path` must be that folder's
+    `model` (the actors start from the same weights). "": a fresh optimizer. A resumed run ignores it."""
+
     seed: int = 0
     """Seed of the learner's RNGs (data order, dropout)."""
 

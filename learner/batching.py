@@ -95,6 +95,8 @@ class Dispatcher:
         self.B = cfg.job.prompts_per_step
         self.max_staleness = cfg.job.max_staleness
         self.keep_rate = 1.0  # kept groups / received groups, running estimate (dynamic sampling)
+        self.ordered = cfg.run.reproducible
+        self.wave_left = 0  # ordered: prompts of the current wave not yet granted
 
     @property
     def cursor(self) -> int:
@@ -110,9 +112,12 @@ class Dispatcher:
             self.keep_rate = min(1.0, max(0.25, 0.7 * self.keep_rate + 0.3 * kept / received))
 
     def grant(self, actor_id: str, credits: int, room: int, *, step: int | None = None,
-              actor_version: int | None = None, settled: int = 0) -> list[wire.PromptItem]:
+              actor_version: int | None = None, settled: int = 0, kept: int = 0) -> list[wire.PromptItem]:
         """`settled`: pending prompts already dropped by dynamic sampling (committed with the next step);
-        they will never be trained, so they do not count against the freshness bound."""
+        they will never be trained, so they do not count against the freshness bound. `kept`: groups of this
+        step kept so far (the waves of `run.reproducible`)."""
+        if self.ordered:
+            return self._items(actor_id, self._wave(credits, step, actor_version, kept))
         n = min(credits, room)
         if step is not None and actor_version is not None:
             # prompts waiting in the requeue are pending but in nobody's hands: they take a place again
@@ -120,7 +125,23 @@ class Dispatcher:
             # prompt had come back, e.g. from groups dropped as stale)
             in_play = len(self.pending) - len(self.requeue) - settled
             n = min(n, self.allowed_pending(step, actor_version) - in_play)
-        n = max(0, n)
+        return self._items(actor_id, max(0, n))
+
+    def _wave(self, credits: int, step: int | None, actor_version: int | None, kept: int) -> int:
+        """`run.reproducible`: prompts go out in waves. A wave starts only once the one before is answered,
+        for an actor holding the current weights, and is as large as the step still needs, ceil((B − kept) /
+        keep_rate): its size depends on what the run has seen, never on when the actor asked."""
+        if self.wave_left == 0 and not self.outstanding and step is not None and actor_version == step:
+            self.wave_left = max(0, math.ceil((self.B - kept) / self.keep_rate))
+        n = min(credits, self.wave_left)
+        self.wave_left -= n
+        return n
+
+    def wave_done(self) -> bool:
+        """Every prompt of the current wave granted and answered."""
+        return self.wave_left == 0 and not self.outstanding
+
+    def _items(self, actor_id: str, n: int) -> list[wire.PromptItem]:
         items = []
         for _ in range(n):
             pid = self.requeue.popleft() if self.requeue else self._fresh()
@@ -238,8 +259,10 @@ class Batch:
 
 class Batcher:
     def __init__(self, groups_per_step: int, dynamic_sampling: bool = True, admission: Admission | None = None,
-                 give_back: Callable[[list[int]], None] = lambda pids: None):
+                 give_back: Callable[[list[int]], None] = lambda pids: None,
+                 wave_done: Callable[[], bool] | None = None):
         self.B = groups_per_step
+        self.wave_done = wave_done  # `run.reproducible`: a batch forms only when the dispatcher's wave is answered
         self.dynamic_sampling = dynamic_sampling
         self.admission = admission or Admission(max_staleness=1 << 30)
         self.give_back = give_back  # prompts of groups found too stale when a batch is assembled
@@ -256,15 +279,19 @@ class Batcher:
     async def next_batch(self, step: int, interrupted: Callable[[], bool]) -> Batch | None:
         """B kept groups admitted at `step`, oldest first, once they are there; None when `interrupted()`."""
         while not interrupted():
-            keep, stale = self.admission.check_batch(self.pop(self.B - len(self._gathered)), step)
-            if stale:
-                self.give_back([g.prompt_id for g in stale])
-            self._gathered += keep
-            if len(self._gathered) == self.B:
-                groups, self._gathered = self._gathered, []
-                return Batch(groups, self.take_stats())
-            if self.kept:  # what was popped was too stale: look at the rest before waiting for more
-                continue
+            if self.wave_done is not None:
+                if self.wave_done() and len(self.kept) >= self.B and (batch := self._ordered_batch(step)):
+                    return batch
+            else:
+                keep, stale = self.admission.check_batch(self.pop(self.B - len(self._gathered)), step)
+                if stale:
+                    self.give_back([g.prompt_id for g in stale])
+                self._gathered += keep
+                if len(self._gathered) == self.B:
+                    groups, self._gathered = self._gathered, []
+                    return Batch(groups, self.take_stats())
+                if self.kept:  # what was popped was too stale: look at the rest before waiting for more
+                    continue
             self._changed.clear()
             self.waiting = True
             try:
@@ -272,6 +299,22 @@ class Batcher:
             finally:
                 self.waiting = False
         return None
+
+    def _ordered_batch(self, step: int) -> Batch | None:
+        """`run.reproducible`: the B kept groups of the lowest prompt ids, in that order; the rest (generated
+        with this step's weights, stale for the next at K = 0) go back to the queue in order. None if too
+        few are fresh (those that are not go back too)."""
+        ok, stale = [], []
+        for g in sorted(self.kept, key=lambda g: g.prompt_id):
+            (ok if self.admission.admit(g, step) else stale).append(g)  # counts the stale
+        groups, rest = ok[:self.B], ok[self.B:]
+        self.kept = groups if len(groups) < self.B else []
+        if rest or stale:
+            self.give_back(sorted(g.prompt_id for g in rest + stale))
+        if len(groups) < self.B:
+            return None
+        self.admission.check_batch(groups, step)  # the trained tokens' staleness histogram
+        return Batch(groups, self.take_stats())
 
     def _reset(self) -> None:
         self.stats = {"generated": 0, "kept_samples": 0, "tokens": 0, "reward_sum": 0.0, "correct_sum": 0.0,
@@ -310,6 +353,8 @@ class Batcher:
             self.kept.append(g)
             s["kept_samples"] += g.n
             self.wake()
+        if self.wave_done is not None:
+            self.wake()  # a dropped group may answer the wave's last prompt
 
     def pop(self, n: int) -> list[wire.RolloutGroup]:
         """Up to n kept groups, oldest first."""

@@ -126,6 +126,15 @@ class Checkpointer:
             log.warning("checkpoint %s is missing or damaged and no other valid one exists", named.name)
         return None
 
+    @staticmethod
+    def read(path: str | Path) -> CheckpointState:
+        """The checkpoint in folder `path` (another run's, for `learner.init_from`); ValueError saying why not."""
+        st = _read_valid(Path(path))
+        if st is None:
+            raise ValueError(f"{path} is not a complete brorl checkpoint (a step-N folder whose manifest.json "
+                             f"lists files that are all there)")
+        return st
+
     def load(self, st: CheckpointState) -> dict:
         """The state saved in `st` (the model folder is `st.model_dir`, loaded by whoever builds the model)."""
         return {"meta": st.meta, "optimizer": self.load_optimizer(st.path, 0)}

@@ -77,7 +77,8 @@ class Intake:
                                                       f"the learner is at {self.version}")
                 return await self.sockets.work.send(ident, wire.WorkAssignment([]))
             items = self.dispatcher.grant(actor, msg.credits, self.batcher.room(), step=self.version,
-                                          actor_version=msg.version, settled=len(self.batcher.consumed_ids))
+                                          actor_version=msg.version, settled=len(self.batcher.consumed_ids),
+                                          kept=len(self.batcher.kept) if self.batcher.waiting else self.batcher.B)
             if items:
                 self._record({"granted": [i.prompt_id for i in items], "actor": actor, "sources": [i.source for i in items],
                               "incarnation": self.members.incarnations.get(actor, "")})

@@ -175,6 +175,8 @@ def build_trainer(cfg: BrorlConfig, model_dir: str | Path, ranks: Ranks | None =
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(cfg.learner.seed)
+    if cfg.run.reproducible:
+        torch.use_deterministic_algorithms(True)  # CPU ops are; CUDA ones that are not then raise, naming the op
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     trainer = Trainer(model, cfg.learner, cfg.job, max_tokens=cfg.actor.max_tokens,
@@ -188,7 +190,8 @@ def follow(cfg: BrorlConfig, ranks: Ranks) -> int:
     do its commands until it stops."""
     saved, step = ranks.receive("start")  # the checkpoint rank 0 resumes (or ""), and its step
     trainer, _ = build_trainer(cfg, Path(saved) / "model" if saved else cfg.model.path, ranks)
-    if saved:
+    if saved:  # resumed, or another run's checkpoint (learner.init_from: step 0)
         trainer.state.step = step
         trainer.backend.load_optimizer_state(Checkpointer.load_optimizer(Path(saved), ranks.rank))
+        trainer.backend.set_lr(trainer.lr)
     return ranks.follow(trainer)

@@ -60,19 +60,28 @@ class LearnerService(Intake):
         self.ckpt = Checkpointer(cfg.run.run_dir, keep=cfg.learner.checkpoint_keep)
         self.ckpt.clean_leftovers()
         saved = self.ckpt.latest() if resume else None
-        if saved is not None and int(saved.meta.get("ranks", 1)) != self.ranks.world:
-            raise ValueError(f"checkpoint {saved.path} was written by {saved.meta.get('ranks', 1)} learner ranks; "
-                             f"resume it with learner.devices = {saved.meta.get('ranks', 1)} (now "
+        # where the model and optimizer come from: this run's checkpoint (resume), another run's
+        # (learner.init_from: its weights and AdamW state, this run's step 0), or model.path
+        start = saved or (Checkpointer.read(cfg.learner.init_from) if cfg.learner.init_from else None)
+        if start is not None and int(start.meta.get("ranks", 1)) != self.ranks.world:
+            raise ValueError(f"checkpoint {start.path} was written by {start.meta.get('ranks', 1)} learner ranks; "
+                             f"start from it with learner.devices = {start.meta.get('ranks', 1)} (now "
                              f"{self.ranks.world}): the optimizer state is sharded by rank")
-        self.ranks.command("start", [(str(saved.path), saved.step) if saved else ("", 0)] * self.ranks.world)
-        self.trainer, self.tokenizer = build_trainer(cfg, saved.model_dir if saved else cfg.model.path, self.ranks)
+        self.ranks.command("start", [(str(start.path), saved.step if saved else 0) if start else ("", 0)]
+                           * self.ranks.world)
+        self.trainer, self.tokenizer = build_trainer(cfg, start.model_dir if start else cfg.model.path, self.ranks)
+        if start is not None and saved is None:
+            self.trainer.backend.load_optimizer_state(Checkpointer.load_optimizer(start.path, 0))
+            self.trainer.backend.set_lr(self.trainer.lr)
+            log.info("started from %s: its weights and optimizer state, at step 0 of this run", start.path)
         model = self.trainer.model
         self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
         self.renderer = PromptRenderer(self.tokenizer, cfg.data, max_prompt_tokens=cfg.actor.max_model_len - 1)
         self.dispatcher = Dispatcher(cfg, TaskStream(cfg, self.renderer))  # prompts rendered: chat template, ids
         self.admission = Admission(cfg.job.max_staleness)
         self.batcher = Batcher(cfg.job.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
-                               lambda pids: self.take_back(pids, None, "stale", holder=False))
+                               lambda pids: self.take_back(pids, None, "stale", holder=False),
+                               self.dispatcher.wave_done if cfg.run.reproducible else None)
         t = cfg.transport
         self.members = Membership(t.heartbeat_timeout_s, t.max_actors)
         self.validator = GroupValidator(cfg, model.get_input_embeddings().num_embeddings)
@@ -81,6 +90,7 @@ class LearnerService(Intake):
             self.load_state_dict(self.ckpt.load(saved))
             log.info("resumed from %s: step %d, version %d, cursor %d", saved.path, self.trainer.state.step,
                      self.version, self.dispatcher.cursor)
+
         a = cfg.actor
         self.sockets = LearnerSockets(self.endpoints_of(cfg), Security(t.curve, t.keys_dir), t.high_water_mark,
                                       wire.max_frame_bytes(cfg.job.n_samples, a.max_tokens, a.max_model_len))

@@ -301,3 +301,31 @@ async def test_the_last_step_is_checkpointed_whatever_the_interval(tiny_model_di
     saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*"))
     assert saved == ["step-000002", "step-000003"], saved
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000003"
+
+
+async def test_a_new_run_continues_another_runs_optimizer_with_its_own_rate_and_step(tiny_model_dir, tmp_path):
+    """learner.init_from: a second phase starts from the first's checkpoint, weights and AdamW moments and
+    update counts included, at its own step 0 and its own learning rate; model.path must be that weights' folder."""
+    import torch
+
+    cfg = job(tiny_model_dir, tmp_path / "one", steps=2)
+    await run_job(cfg, [FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, seed=0)])
+    ckpt = tmp_path / "one" / "checkpoints" / "step-000002"
+    saved = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    with pytest.raises(ValueError, match="set model.path to"):
+        job(tiny_model_dir, tmp_path / "two", **{"learner.init_from": str(ckpt)})
+    two = job(str(ckpt / "model"), tmp_path / "two", steps=1, **{"learner.init_from": str(ckpt), "learner.lr": 1e-5,
+                                                                   "learner.lr_base_samples": B * N})
+    svc = LearnerService(two)
+    state = svc.trainer.backend.optimizer_state()
+    assert svc.version == 0 and svc.dispatcher.cursor == 0
+    assert {g["lr"] for g in state["param_groups"]} == {1e-5}
+    assert len(state["state"]) == len(saved["state"]) > 0
+    for k, s in saved["state"].items():  # the moments and the update count go on from phase one
+        assert torch.equal(state["state"][k]["exp_avg_sq"], s["exp_avg_sq"]) and float(state["state"][k]["step"]) == 2
+    fresh = LearnerService(job(str(ckpt / "model"), tmp_path / "three", steps=1))
+    assert fresh.trainer.backend.optimizer_state()["state"] == {}  # without it: a fresh optimizer
+    # a folder that is no checkpoint is refused by name
+    with pytest.raises(ValueError, match="is not a complete brorl checkpoint"):
+        LearnerService(job(str(tmp_path / "one" / "checkpoints" / "nope" / "model"), tmp_path / "four",
+                           **{"learner.init_from": str(tmp_path / "one" / "checkpoints" / "nope")}))

@@ -112,6 +112,28 @@ async def test_a_pools_start_and_a_verifiers_import_do_not_count_against_a_compl
         pool.close()
 
 
+async def test_a_completion_queued_behind_another_groups_hang_is_not_timed_out_with_it():
+    """Two groups share the pool's one worker: the first's verifier hangs; the second, submitted just after,
+    waits behind it. Only the hanging one times out; the other is scored once the pool is restarted (the
+    e2e actor test once saw a crashing verifier's group scored "timeout", queued behind a hang)."""
+    import asyncio
+
+    from actors.scoring import ScoringPool
+    from verifiers import synthetic
+
+    ok, ref = synthetic.SELF_TEST[0][0], synthetic.SELF_TEST[0][1]
+    pool = ScoringPool(1, 1.0)
+    try:
+        await pool.score("verifiers.synthetic", "1", [ok], ref)  # the worker is up and has both imported
+        hung = asyncio.create_task(pool.score("tests.support.verifier_mods.hangs", "1", [ok] * 3, ref))  # 3 s
+        await asyncio.sleep(0.2)
+        behind = await pool.score("verifiers.synthetic", "1", [ok], ref)  # 1 s of its own, behind the 3 s
+        assert [s.result.reason for s in await hung] == ["timeout"] * 3
+        assert [(s.result.correct, s.result.reason) for s in behind] == [(True, synthetic.score(ok, ref).reason)]
+    finally:
+        pool.close()
+
+
 async def test_actor_admits_only_when_running_unpaused_and_sync_allows():
     actor = Actor(load_config("tiny-cpu", {"job.max_staleness": 1}), "a0", Endpoints())
     assert not actor.may_admit()  # no weights yet
