@@ -202,7 +202,9 @@ def _bro_vs_pro(d: dict) -> Table:
 def _saturation(d: dict) -> Table:
     rows = []
     for r in d["table"]:
-        t = d["tests"].get(r["arm"]) if not r["arm"].startswith("ProRL") else d["tests"].get(f"{r['arm']}: end vs start")
+        pro = r["arm"].startswith("ProRL")  # (results before pass@k named the tests without "pass@1: ")
+        t = (d["tests"].get(f"pass@1: {r['arm']}, end vs start") or d["tests"].get(f"{r['arm']}: end vs start") if pro
+             else d["tests"].get(f"pass@1: {r['arm']} vs ProRL (N=16)") or d["tests"].get(r["arm"]))
         test = "—" if t is None else (f"{'end vs start: ' if r['arm'].startswith('ProRL') else ''}"
                                       f"{100 * t['mean_diff']:+.1f} points, t = {t['t']:.2f}, "
                                       f"p {'< 1e-15' if t['p'] < 1e-15 else f'= {t[chr(112)]:.2g}'}").replace("-", "−")

@@ -89,8 +89,8 @@ class Sim:
     def __init__(self, fleet: Fleet):
         self.f, self.r = fleet, fleet.rates
         self.rng = random.Random(fleet.seed)
-        cfg = SimpleNamespace(job=SimpleNamespace(prompts_per_step=fleet.prompts_per_step,
-                                                  max_staleness=fleet.max_staleness))
+        cfg = SimpleNamespace(job=SimpleNamespace(prompts_per_step=fleet.prompts_per_step, max_staleness=fleet.max_staleness),
+                              run=SimpleNamespace(reproducible=False))
         self.dispatcher = Dispatcher(cfg, tasks=_Tasks())
         self.admission = Admission(fleet.max_staleness)
         self.actors = [_Actor() for _ in range(fleet.actors)]

@@ -17,6 +17,8 @@ Batcher     dynamic sampling with backfill: drops all-correct / all-wrong groups
             by reason); `await next_batch(step, interrupted)` returns B kept groups that pass admission as
             soon as they are there (woken by each arriving group, no polling), or None when `interrupted()`
             turns true (checked on every `wake()`), keeping what it has gathered for the next call.
+`run.reproducible` orders both: the dispatcher grants in waves sized by what the run has seen, the batcher
+            forms a batch of the lowest-numbered kept groups once a wave is answered (docs/configuration.md).
 (Which actors are alive and in the weight group: `learner.membership`.)
 """
 
@@ -131,7 +133,8 @@ class Dispatcher:
         """`run.reproducible`: prompts go out in waves. A wave starts only once the one before is answered,
         for an actor holding the current weights, and is as large as the step still needs, ceil((B − kept) /
         keep_rate): its size depends on what the run has seen, never on when the actor asked."""
-        if self.wave_left == 0 and not self.outstanding and step is not None and actor_version == step:
+        if (self.wave_left == 0 and not self.outstanding and step is not None and actor_version is not None
+                and steps_left(step, actor_version, self.max_staleness) > 0):  # the actor's weights are fresh
             self.wave_left = max(0, math.ceil((self.B - kept) / self.keep_rate))
         n = min(credits, self.wave_left)
         self.wave_left -= n

@@ -1,7 +1,7 @@
 """The learner's own held-out estimate (`run.eval_interval`): pass@1 of the current policy with
 transformers (`evaluation.hf`), before the first step, every that many steps and at the last, into
-`heldout.jsonl` and the step's metrics (`heldout_pass_at_1`, and `heldout_pass_at_1/<source>` per data
-source). Prompts are rendered as the actors' are. `wall_s` counts training time only: from the first
+`heldout.jsonl` and the step's metrics (`heldout_pass_at_1`, `heldout_pass_at_<k>` with k = `run.eval_samples`,
+and `heldout_pass_at_1/<source>` per data source). Prompts are rendered as the actors' are. `wall_s` counts training time only: from the first
 group's arrival, less the time spent here."""
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ class HeldoutEstimate:
         t0 = time.monotonic()
         res = await asyncio.to_thread(run)
         p, wall = res["pass_at_1"], 0.0 if self.t_first is None else t0 - self.t_first - self.eval_s
+        k = res["k"]
         row = {"step": version, "version": version, "generated": generated, "wall_s": wall,
-               "eval_s": time.monotonic() - t0, "pass_at_1": p, "correct": [q["correct"] for q in res["per_prompt"]],
+               "eval_s": time.monotonic() - t0, "pass_at_1": p, "k": k, "pass_at_k": res[f"pass_at_{k}"],
+               "correct": [q["correct"] for q in res["per_prompt"]],
                "by_source": {s: r["pass_at_1"] for s, r in res["by_source"].items()}}
         if self.t_first is not None:
             self.eval_s += row["eval_s"]
@@ -56,4 +58,5 @@ class HeldoutEstimate:
             f.write(json.dumps(row) + "\n")
         log.info("held-out pass@1 at step %d: %.3f", version, p)
         per_source = row["by_source"] if len(row["by_source"]) > 1 else {}
-        return {"heldout_pass_at_1": p, **{f"heldout_pass_at_1/{s}": v for s, v in per_source.items()}}
+        return {"heldout_pass_at_1": p, f"heldout_pass_at_{k}": row["pass_at_k"],
+                **{f"heldout_pass_at_1/{s}": v for s, v in per_source.items()}}

@@ -36,5 +36,7 @@ def test_two_runs_of_one_reproducible_command_are_the_same(warm_model_dir, tmp_p
     assert [(h["step"], h["pass_at_1"], h["correct"]) for h in a["heldout"]] == \
            [(h["step"], h["pass_at_1"], h["correct"]) for h in b["heldout"]]
     assert [h["step"] for h in a["heldout"]] == [0, 2, 4]
+    assert all(h["k"] == 4 and h["pass_at_k"] >= h["pass_at_1"] for h in a["heldout"])  # pass@4 beside pass@1
+    assert a["metrics"][-1]["heldout_pass_at_4"] == a["heldout"][-1]["pass_at_k"]
     # the model moved: a test of two runs that trained nothing would prove nothing
     assert a["metrics"][-1]["grad_norm"] > 0 and a["heldout"][0]["correct"] != a["heldout"][-1]["correct"]
