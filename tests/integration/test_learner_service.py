@@ -316,14 +316,22 @@ async def test_a_new_run_continues_another_runs_optimizer_with_its_own_rate_and_
         job(tiny_model_dir, tmp_path / "two", **{"learner.init_from": str(ckpt)})
     two = job(str(ckpt / "model"), tmp_path / "two", steps=1, **{"learner.init_from": str(ckpt), "learner.lr": 1e-5,
                                                                    "learner.lr_base_samples": B * N})
-    svc = LearnerService(two)
+    def closed(svc: LearnerService) -> LearnerService:
+        """A service that will not run: its sockets closed now (a ZeroMQ context left to the garbage collector
+        blocks whichever later test collects it, in its term())."""
+        svc.sockets.close()
+        svc.metrics.close()
+        svc.ledger.close()
+        return svc
+
+    svc = closed(LearnerService(two))
     state = svc.trainer.backend.optimizer_state()
     assert svc.version == 0 and svc.dispatcher.cursor == 0
     assert {g["lr"] for g in state["param_groups"]} == {1e-5}
     assert len(state["state"]) == len(saved["state"]) > 0
     for k, s in saved["state"].items():  # the moments and the update count go on from phase one
         assert torch.equal(state["state"][k]["exp_avg_sq"], s["exp_avg_sq"]) and float(state["state"][k]["step"]) == 2
-    fresh = LearnerService(job(str(ckpt / "model"), tmp_path / "three", steps=1))
+    fresh = closed(LearnerService(job(str(ckpt / "model"), tmp_path / "three", steps=1)))
     assert fresh.trainer.backend.optimizer_state()["state"] == {}  # without it: a fresh optimizer
     # a folder that is no checkpoint is refused by name
     with pytest.raises(ValueError, match="is not a complete brorl checkpoint"):
