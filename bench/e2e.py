@@ -123,9 +123,11 @@ async def _raw(cfg, prompts: int) -> dict:
     finally:
         engine.shutdown()
     n = prompts * cfg.job.n_samples
-    # how full the engine was, per engine step: what the loop's actor is compared with
+    after = gauge.counters()
+    # how full the engine was, per engine step, and how fast it stepped: what the loop's actor is compared with
     return {"prompts": prompts, "samples": n, "wall_s": wall, "samples_per_s": n / wall, "tokens_per_s": tokens / wall,
-            **EngineGauge.means(before, gauge.counters())}
+            "engine_steps_per_s": (after["engine_steps"] - before["engine_steps"]) / wall,
+            **EngineGauge.means(before, after)}
 
 
 def raw(preset: str, over: dict, prompts: int, gpu: int | None) -> dict:
@@ -166,7 +168,13 @@ def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
                          "broadcast_s": b["broadcast_s"], **{f"actor_{k}": v for k, v in d.items()}})
     idle = (m[-1].get("actor_idle_s", 0.0) - prev.get("actor_idle_s", 0.0)) / actors
     aborted = (m[-1].get("actor_aborted_stale", 0.0) - prev.get("actor_aborted_stale", 0.0)) / actors
+    steps = (m[-1].get("actor_engine_steps", 0.0) - prev.get("actor_engine_steps", 0.0)) / actors
+    tokens = sum(r.get("tokens", 0.0) for r in steady)  # completion tokens, as the raw engine's tokens_per_s
     return {"actors": actors, "steps": len(m), "samples_per_s": gen / loop, "per_actor_samples_per_s": gen / loop / actors,
+            "per_actor_tokens_per_s": tokens / loop / actors,
+            # engine steps a second while the actor had work: a step slower than the raw engine's at the same
+            # load is time lost inside the actor's process or engine, not in the loop's grants
+            "engine_steps_per_busy_s": steps / max(1e-9, loop - idle),
             "aborted_stale_requests": aborted,  # per actor, steady state: generation thrown away at updates (keep)
             "actor_idle_share": idle / loop, "learner_wait_share": sum(r["wait_s"] for r in steady) / loop,
             "train_s_per_step": sum(r["train_s"] for r in steady) / len(steady),
@@ -246,20 +254,30 @@ def main() -> None:
                 r = f.result()
                 r["of_raw"] = r["per_actor_samples_per_s"] / raws[n]["samples_per_s"]
                 r["busy_of_raw"] = r["of_raw"] / max(1e-9, 1 - r["actor_idle_share"])
+                of_raw_tokens(r, raws[n])
                 r["side_by_side"] = len(batch) > 1
                 runs.append(r)
                 print(f"{n_act} actor(s), N = {n}, {up}: {r['samples_per_s']:.1f} samples/s, "
                       f"{100 * r['of_raw']:.0f} % of raw per actor", file=sys.stderr)
         path = _write(a, model, raws, runs)  # after every batch: a sweep cut short keeps what finished
     print("\nRaw engine (one " + ("GPU" if gpu else "CPU engine") + ")")
-    print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use"]))
+    print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s", "engine_steps_per_s",
+                                      "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use"]))
     print("\nbrorl run (steady state)")
     print(table(runs, ["learner_gpus", "actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
-                       "actor_idle_share", "busy_of_raw", "learner_wait_share", "train_s_per_step",
+                       "actor_idle_share", "busy_of_raw", "tokens_of_raw", "busy_tokens_of_raw",
+                       "engine_steps_per_busy_s", "learner_wait_share", "train_s_per_step",
                        "broadcast_s_per_step", "kept_share", "aborted_stale_requests", "learner_mfu",
                        "compiled_frames_after_step_1", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use"]))
     path = _write(a, model, raws, runs)
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
+
+
+def of_raw_tokens(r: dict, raw_row: dict) -> None:
+    """The loop's completion tokens a second per actor against the raw engine's, overall and while busy: the
+    fair form of `of_raw` when the two runs' completions differ in length (samples are drawn per request)."""
+    r["tokens_of_raw"] = r["per_actor_tokens_per_s"] / raw_row["tokens_per_s"]
+    r["busy_tokens_of_raw"] = r["tokens_of_raw"] / max(1e-9, 1 - r["actor_idle_share"])
 
 
 def _write(a, model: str, raws: dict, runs: list[dict]):

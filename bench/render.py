@@ -123,6 +123,27 @@ def _e2e(d: dict) -> Table:
              "learner training per step"], "lrrrrrrr", rows)
 
 
+def _e2e_gauge(d: dict) -> Table:
+    """A run with the engine gauge (2026-11-29 on): the rate while busy in samples and in tokens (completions
+    differ in length between the raw run and the loop), engine steps a second, how full the engine was
+    against the raw run, the learner's own MFU and the frames it compiled after its first step."""
+    raw = {r["n"]: r for r in d["raw"]}
+    rows = []
+    for r in d["runs"]:
+        w = raw[r["n"]]
+        rows.append([f"{r.get('learner_gpus') or 1} + {r['actors']}, N = {r['n']}, "
+                     f"{'kept' if r['update'] == 'keep' else 'finished'}",
+                     n(w["samples_per_s"], 1), n(r["samples_per_s"], 1), pct(r["busy_of_raw"]),
+                     pct(r["busy_tokens_of_raw"]), n(r["engine_steps_per_busy_s"], 1),
+                     f"{r['mean_running_seqs']:.0f} / {w['mean_running_seqs']:.0f}", pct(r["actor_idle_share"]),
+                     pct(r["learner_wait_share"]), f"{r['train_s_per_step']:.1f} s", pct(r["learner_mfu"], 1),
+                     str(int(r["compiled_frames_after_step_1"]))])
+    return (["learner + actor GPUs, N, updates", "raw engine samples/s", "`brorl run` samples/s",
+             "of raw while busy (samples)", "of raw while busy (tokens)", "engine steps/s while busy",
+             "running sequences, loop / raw", "actor idle", "learner waiting", "learner training per step",
+             "learner MFU", "frames compiled after step 1"], "lrrrrrrrrrrr", rows)
+
+
 def _mfu_label(r: dict) -> str:
     ckpt = "no recomputation" if r.get("activation_checkpointing") is False else \
         f"{r.get('activation_checkpointing_fraction', 1.0):g} of the layers recomputed"
@@ -249,6 +270,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "weight-sync-nccl": ("weight_sync_nccl.json", _weight_sync),
     "learner-logprob-memory": ("learner.json", _logprob_memory),
     "padding": ("padding.json", _padding),
+    "e2e-h200x2": ("e2e_h200x2.json", _e2e_gauge),
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e) for tag in ("h200_3l_p3", "h200_3l", "h100_2l", "h100_p3", "h100", "cpu")},
     "actor-runs": (tuple(f"{f}.json" for f in ACTOR_RUNS), _actor_runs),
     "bro-vs-pro": ("bro_vs_pro.json", _bro_vs_pro),

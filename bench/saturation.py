@@ -36,6 +36,7 @@ dynamic-sampling pass rate per N, and the paired tests. Writes bench/results/sat
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -119,10 +120,19 @@ def main() -> None:
         args.seeds, args.pro_steps, args.train_samples, args.eval_prompts = 1, 40, 4096, 32
     from bench.common import brorl_run, load_run, table, write_json
 
+    out = OUT / "quick" if args.quick else OUT  # a quick run's short phases are never reused by a full one
+
     def run(run_dir: Path, o: dict) -> dict:
+        """A run, or with --reuse the finished one in `run_dir` if it ran with exactly these overrides."""
+        run_dir = out / run_dir
+        done = run_dir / "bench_overrides.json"
         if args.reuse and (run_dir / "summary.json").exists():
-            return load_run(run_dir)
-        return brorl_run(run_dir, o)
+            if done.exists() and json.loads(done.read_text()) == json.loads(json.dumps(o)):
+                return load_run(run_dir)
+            print(f"  {run_dir.name}: its finished run had other settings; running it again", file=sys.stderr)
+        res = brorl_run(run_dir, o, timeout=6 * 3600)  # phase 1: up to 480 steps
+        done.write_text(json.dumps(o, indent=1, sort_keys=True))
+        return res
 
     k = COMMON["run.eval_samples"]
     arms = {**ARMS, **(ABLATIONS if args.ablations else {})}
@@ -130,10 +140,10 @@ def main() -> None:
           "learner.lr_base_samples": BASE_SAMPLES, "run.eval_interval": EVAL, "learner.checkpoint_interval": EVAL,
           "learner.checkpoint_keep": args.pro_steps // EVAL + 1, "run.seed": 0, "learner.seed": 0}
     print(f"  phase 1: ProRL up to {args.pro_steps} steps ...", file=sys.stderr, flush=True)
-    phase1 = run(OUT / "phase1", p1)
+    phase1 = run(Path("phase1"), p1)
     sat = saturation_step(phase1["heldout"], k)
     start = sat if sat is not None else phase1["heldout"][-1]["step"]
-    ckpt = OUT / "phase1" / "checkpoints" / f"step-{start:06d}"
+    ckpt = out / "phase1" / "checkpoints" / f"step-{start:06d}"
     print(f"  saturated at step {sat} (criterion); phase 2 starts from step {start}", file=sys.stderr, flush=True)
 
     runs = []
@@ -141,7 +151,7 @@ def main() -> None:
         for arm in arms:
             o = arm_overrides(arm, ckpt, args.train_samples, seed, args.eval_prompts)
             print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
-            res = run(OUT / f"{SLUGS[arm]}-s{seed}", o)
+            res = run(Path(f"{SLUGS[arm]}-s{seed}"), o)
             m, h = res["metrics"], res["heldout"]
             runs.append({"arm": arm, "seed": seed, "steps": len(m), "pass_at_1_start": h[0]["pass_at_1"],
                          "pass_at_1_end": h[-1]["pass_at_1"], "gain": h[-1]["pass_at_1"] - h[0]["pass_at_1"],

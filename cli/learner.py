@@ -25,7 +25,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+ALLOCATOR = "expandable_segments:True"
+"""The learner's CUDA allocator setting unless the user set `PYTORCH_CUDA_ALLOC_CONF`: a step's micro-batches
+differ in shape from step to step, and with fixed-size segments the cache fragments (an H200 learner at 112 GiB
+allocated ran out of memory at step 2 with 17.8 GiB reserved but unusable, bench.e2e, 2026-11-29)."""
+
+
+def allocator_default(env: dict) -> None:
+    """`ALLOCATOR` into `env` (before torch touches the GPU), unless the user chose their own."""
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR)
+
+
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
+    allocator_default(os.environ)  # the ranks started below inherit it
     cfg = load(args, overrides)
     if cfg.learner.devices > 1 and "RANK" not in os.environ:
         argv = ["learner", *(["--config", args.config] if args.config else []),

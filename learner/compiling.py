@@ -63,20 +63,51 @@ WARM_UP_LENGTHS = ([29, 17, 23], [35, 35, 35], [29], [35])
 """Completion lengths of the warm-up's micro-batches (a 5-token prompt each, padded to 40): padded rows, rows
 without padding (transformers then drops the mask), and a single row (torch specialises a size of 1) with
 and without padding. No size equals another within a batch (torch assumes that sizes seen equal stay
-equal)."""
+equal). With a `min_tokens` floor the same four shapes are scaled up to it (`warm_up_lengths`)."""
+
+
+def min_tokens(model: torch.nn.Module, device: str | torch.device) -> int:
+    """The fewest tokens (rows × padded length) a compiled micro-batch is given on a GPU; 0 elsewhere.
+
+    Inductor's Triton backend fuses a layer's row and column reductions (the backward of a norm's weight)
+    only for a large enough micro-batch, and decides it with guards on its size: rows × hidden ≥ 5 · 2^20,
+    rows ≥ 2 × hidden and rows ≥ 4096 (`torch/_inductor/scheduler.py`, mix-order reductions). Each side of
+    each threshold is a variant of every compiled layer, so a small last micro-batch of a step recompiled
+    them mid-run (on an H200, 1.5B: a step of 12 rows × 320 tokens, a 15 s stall at step 4). Padding every
+    micro-batch up to the largest threshold leaves one regime, which the warm-up compiles."""
+    import torch._inductor.config as inductor_config
+
+    if torch.device(device).type != "cuda" or not getattr(inductor_config.triton, "mix_order_reduction", True):
+        return 0
+    hidden = model.get_input_embeddings().embedding_dim
+    m = max(4096, 2 * hidden, -(-5 * 2**20 // hidden))
+    return -(-m // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
+def warm_up_lengths(floor: int) -> tuple[list[int], ...]:
+    """`WARM_UP_LENGTHS`, or with a `min_tokens` floor the same four shapes with every batch at least `floor`
+    tokens: three rows of length L3 (padded ones, and ones that fill it exactly) and one row of L1, L3 and L1
+    multiples of `PAD_MULTIPLE` (a 5-token prompt each). Their completions also span several of the
+    log-prob chunks (`learner.logprob_chunk_mb`), as a real micro-batch's do: torch would otherwise first
+    meet a single chunk and specialise on it."""
+    if floor <= 0:
+        return WARM_UP_LENGTHS
+    l3 = -(-floor // (3 * PAD_MULTIPLE)) * PAD_MULTIPLE
+    l1 = -(-floor // PAD_MULTIPLE) * PAD_MULTIPLE
+    return ([l3 - 11, l3 - 23, l3 - 17], [l3 - 5] * 3, [l1 - 11], [l1 - 5])
 
 
 def warm_up(trainer: "Trainer") -> float:
     """This rank's compilation: the policy's log-probs without and with gradients (and the reference
-    policy's, with a KL term), and their backward, on the `WARM_UP_LENGTHS` micro-batches. Gradients are
+    policy's, with a KL term), and their backward, on the `warm_up_lengths` micro-batches. Gradients are
     taken with `torch.autograd.grad`: nothing accumulates into a parameter, and no optimizer or ZeRO state
     changes. Returns the seconds it took."""
     t0 = time.perf_counter()
     emb = trainer.model.get_input_embeddings()
     ids = lambda n, k: [(7 * i + k) % emb.num_embeddings for i in range(n)]  # noqa: E731
-    for lengths in WARM_UP_LENGTHS:
+    for lengths in warm_up_lengths(trainer.min_tokens):
         packed = pack([ids(5, 1)] * len(lengths), [ids(n, 3) for n in lengths], trainer.pad_id, trainer.cfg.device,
-                      multiple=PAD_MULTIPLE)
+                      multiple=PAD_MULTIPLE, min_tokens=trainer.min_tokens)
         trainer._logp(trainer.model, packed, grad=False)
         if trainer.state.ref_model is not None:
             trainer._logp(trainer.state.ref_model, packed, grad=False)

@@ -64,11 +64,12 @@ class PackedCompletions:
 
 def pack(
     prompts: list[list[int]], completions: list[list[int]], pad_id: int = 0, device: str | torch.device = "cpu",
-    share_prompt: bool = False, multiple: int = 1,
+    share_prompt: bool = False, multiple: int = 1, min_tokens: int = 0,
 ) -> PackedCompletions:
     """The samples as one batch; `share_prompt`: all of them have one prompt, computed once. `multiple`: the
     padded length is a multiple of it (the compiled learner: one alignment class of kernels, so a batch whose
-    length happens to be a multiple of 8 does not recompile the layers mid-run)."""
+    length happens to be a multiple of 8 does not recompile the layers mid-run). `min_tokens`: the length is
+    padded until rows × length reaches it (`learner.compiling.min_tokens`; not with `share_prompt`)."""
     if len(prompts) != len(completions):
         raise ValueError(f"prompts ({len(prompts)}) and completions ({len(completions)}) differ in length")
     if not prompts:
@@ -79,7 +80,7 @@ def pack(
     S = len(prompts)
     if share_prompt:
         return _pack_shared(prompts, completions, pad_id, torch.device(device))
-    L = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    L = max(max(len(p) + len(c) for p, c in zip(prompts, completions)), -(-min_tokens // S))
     L = -(-L // multiple) * multiple
     tgt, msk = _targets(completions)
     ids = torch.full((S, L), pad_id, dtype=torch.long)

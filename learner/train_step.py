@@ -44,7 +44,7 @@ import torch
 from config.schema import JobConfig, LearnerConfig
 from learner.algorithm import policy_loss, scaled_lr
 from learner.backends import Backend, enable_activation_checkpointing, make_backend
-from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, compiled_frames, warm_up
+from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, compiled_frames, min_tokens, warm_up
 from learner.flops import ModelShape, peak_flops
 from learner.logprobs import pack, token_logprobs
 from learner.microbatch import RankShare
@@ -91,6 +91,8 @@ class Trainer:
             enable_activation_checkpointing(model, cfg.activation_checkpointing_fraction)
         if cfg.compile:
             compile_layers(model)
+        self.min_tokens = min_tokens(model, cfg.device) if cfg.compile else 0
+        """Tokens a micro-batch is padded up to (`learner.compiling.min_tokens`: one compiled regime on a GPU)."""
         self.backend = backend or make_backend(model, cfg)
         self.ranks = ranks  # rank 0 hands the others their shares through it (else every rank plans alike)
         self.state = StepState()
@@ -197,7 +199,7 @@ class Trainer:
             micros = []
             for m in passes:
                 packed = pack(m.prompts, m.completions, self.pad_id, dev, share_prompt=cfg.share_prompt,
-                              multiple=PAD_MULTIPLE if cfg.compile else 1)
+                              multiple=PAD_MULTIPLE if cfg.compile else 1, min_tokens=self.min_tokens)
                 b = torch.zeros(packed.mask.shape, dtype=torch.float32)
                 for r, lp in enumerate(m.behav):
                     b[r, : len(lp)] = torch.tensor(lp, dtype=torch.float32)

@@ -6,8 +6,10 @@ tests/integration/test_train_step.py."""
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from learner.compiling import WarmUp
+from learner.compiling import PAD_MULTIPLE, WarmUp, min_tokens, warm_up_lengths
+from learner.logprobs import pack
 
 
 class FakeRanks:
@@ -49,3 +51,41 @@ def test_without_compile_nothing_happens_and_a_failure_is_raised_then_tried_agai
     assert not w.done
     w.ensure(t)
     assert w.done and t.calls == 2
+
+
+class Embedded(torch.nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.emb = torch.nn.Embedding(4, hidden)
+
+    def get_input_embeddings(self):
+        return self.emb
+
+
+@pytest.mark.parametrize("hidden,floor", [(1536, 4096), (4096, 8192), (896, 5856), (3584, 7168)])
+def test_a_gpu_micro_batch_floor_lies_past_every_size_threshold_of_the_compiler(hidden, floor):
+    """Inductor's mix-order reductions switch on rows × hidden ≥ 5 · 2^20, rows ≥ 2 × hidden and rows ≥ 4096
+    (each side a compiled variant); the floor is past all three, a multiple of PAD_MULTIPLE, on a GPU only,
+    and none when that fusion is off (no such guards then)."""
+    import torch._inductor.config as inductor_config
+
+    m = min_tokens(Embedded(hidden), "cuda:0")
+    assert m == floor and m % PAD_MULTIPLE == 0
+    assert m * hidden >= 5 * 2**20 and m >= 2 * hidden and m >= 4096
+    assert min_tokens(Embedded(hidden), "cpu") == 0
+    with inductor_config.patch({"triton.mix_order_reduction": False}):
+        assert min_tokens(Embedded(hidden), "cuda") == 0
+
+
+@pytest.mark.parametrize("floor", [0, 4096, 5856, 8192])
+def test_the_warm_up_meets_every_variant_at_the_floor(floor):
+    """The warm-up's four micro-batches keep their variants (padded rows, rows without padding, one padded
+    row, one row without) and each reaches the floor, so the regime a step meets is the one compiled."""
+    kinds = []
+    for lengths in warm_up_lengths(floor):
+        b = pack([[1] * 5] * len(lengths), [[2] * n for n in lengths], multiple=PAD_MULTIPLE, min_tokens=floor)
+        S, L = b.input_ids.shape
+        assert S * L >= floor and L % PAD_MULTIPLE == 0
+        assert len(set(lengths)) in (1, len(lengths))  # distinct, or all equal (the unpadded batch)
+        kinds.append((S > 1, bool((b.attention_mask == 0).any())))
+    assert kinds == [(True, True), (True, False), (False, True), (False, False)]

@@ -88,3 +88,19 @@ def test_a_scoring_pass_builds_no_kv_cache(model, grad):
     finally:
         hook.remove()
     assert seen == [None]
+
+
+def test_a_token_floor_pads_the_batch_and_changes_no_log_prob(model):
+    """`pack(min_tokens=...)` (the compiled learner on a GPU: one size regime, `learner.compiling.min_tokens`)
+    pads the length until rows × length reaches the floor; the padded positions are masked out, so every
+    completion token's log-prob is what it was."""
+    prompts, comps = [[5, 6, 7], [8]], [[11, 12], [13, 14, 15, 16]]
+    plain = pack(prompts, comps, multiple=8)
+    floored = pack(prompts, comps, multiple=8, min_tokens=37)
+    assert plain.input_ids.shape == (2, 8) and floored.input_ids.shape == (2, 24)  # ceil(37 / 2) = 19 → 24
+    assert torch.equal(floored.input_ids[:, :8], plain.input_ids) and not floored.attention_mask[:, 8:].any()
+    assert torch.equal(floored.mask, plain.mask)
+    a, _ = token_logprobs(model, plain)
+    b, _ = token_logprobs(model, floored)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert pack(prompts, comps, multiple=8, min_tokens=10).input_ids.shape == (2, 8)  # already over the floor

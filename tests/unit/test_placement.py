@@ -184,3 +184,14 @@ def test_the_end_to_end_benchmark_places_a_multi_gpu_learner_before_its_actors_a
         "learner.compile": False, "actor.length_dist": "fixed", "learner.lr": 1e-6}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         overrides(["learner.compile"])
+
+
+def test_the_learner_takes_expandable_cuda_segments_unless_the_user_chose_an_allocator():
+    from cli.learner import ALLOCATOR, allocator_default
+
+    env = {}
+    allocator_default(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": ALLOCATOR} and "expandable_segments:True" in ALLOCATOR
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    allocator_default(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
