@@ -20,35 +20,51 @@ import torch
 ADV_EPS = 1e-8  # ε in Â = (A − mean A) / (std A + ε)
 
 
-def dynamic_sampling_mask(correct: torch.Tensor) -> torch.Tensor:
-    """DAPO dynamic sampling: keep group g iff 0 < #correct(g) < N.
+def _valid(x: torch.Tensor, valid: torch.Tensor | None, name: str) -> torch.Tensor:
+    """`valid` (bool[G, N]: which of a group's N slots hold a completion; groups of varying size, padded),
+    checked against `x`; all True when None (every group has N)."""
+    if valid is None:
+        return torch.ones(x.shape, dtype=torch.bool)
+    if valid.shape != x.shape or valid.dtype != torch.bool:
+        raise ValueError(f"valid must be bool{list(x.shape)} like {name}, got {valid.dtype}{list(valid.shape)}")
+    if not valid.any(dim=1).all():
+        raise ValueError("valid has a group without any completion")
+    return valid
+
+
+def dynamic_sampling_mask(correct: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """DAPO dynamic sampling: keep group g iff 0 < #correct(g) < N(g).
 
     correct: bool[G, N]  — whether completion i of group g is correct.
+    valid:   bool[G, N]  — groups of varying size (`actor.rollouts = "adaptive"`): which slots hold one.
     returns: bool[G]     — True for groups that carry a learning signal.
     """
     if correct.ndim != 2:
         raise ValueError(f"correct must be bool[G, N], got shape {tuple(correct.shape)}")
     if correct.dtype != torch.bool:
         raise ValueError(f"correct must have dtype bool, got {correct.dtype}")
-    n_correct = correct.sum(dim=1)
-    return (n_correct > 0) & (n_correct < correct.shape[1])
+    valid = _valid(correct, valid, "correct")
+    n_correct = (correct & valid).sum(dim=1)
+    return (n_correct > 0) & (n_correct < valid.sum(dim=1))
 
 
-def pass_rate(keep: torch.Tensor, n_samples: int) -> float:
-    """Dynamic-sampling pass rate: kept samples / generated samples (paper table 4)."""
+def pass_rate(keep: torch.Tensor, sizes: int | torch.Tensor) -> float:
+    """Dynamic-sampling pass rate: kept samples / generated samples (paper table 4). `sizes`: every group's
+    N, or one N for all."""
     if keep.numel() == 0:
         return 0.0
-    return float(keep.sum().item() * n_samples) / float(keep.numel() * n_samples)
+    sizes = torch.as_tensor(sizes, dtype=torch.float64).expand(keep.shape)
+    return float(sizes[keep].sum().item()) / float(sizes.sum().item())
 
 
-def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE++-baseline advantages.
 
-    A[g, i] = R[g, i] − mean_i R[g, i]; then, over all samples of kept groups,
-    Â = (A − mean(A)) / (std(A) + 1e-8), std being the population std (ddof = 0).
-    Dropped groups get 0.
+    A[g, i] = R[g, i] − mean_i R[g, i] (the mean over group g's own completions, however many it has); then,
+    over all samples of kept groups, Â = (A − mean(A)) / (std(A) + 1e-8), std being the population std
+    (ddof = 0). Dropped groups, and the padding of groups smaller than N, get 0.
 
-    rewards: float[G, N]; keep: bool[G]  ->  float[G, N]
+    rewards: float[G, N]; keep: bool[G]; valid: bool[G, N] or None  ->  float[G, N]
     """
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be float[G, N], got shape {tuple(rewards.shape)}")
@@ -56,16 +72,25 @@ def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor) -> torch.
         raise ValueError(f"keep must be bool[G] with G = {rewards.shape[0]}, got shape {tuple(keep.shape)}")
     if keep.dtype != torch.bool:
         raise ValueError(f"keep must have dtype bool, got {keep.dtype}")
-    if not torch.isfinite(rewards).all():
+    valid = _valid(rewards, valid, "rewards")
+    if not torch.isfinite(rewards[valid]).all():
         raise ValueError("rewards contains NaN or inf")
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.float32)
     out = torch.zeros_like(rewards)
     if not keep.any():
         return out
-    a = rewards[keep] - rewards[keep].mean(dim=1, keepdim=True)
-    out[keep] = (a - a.mean()) / (a.std(correction=0) + ADV_EPS)
+    a, v = group_advantages(rewards[keep], valid[keep]), valid[keep]
+    x = a[v]
+    a[v] = (x - x.mean()) / (x.std(correction=0) + ADV_EPS)
+    out[keep] = a
     return out
+
+
+def group_advantages(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """A[g, i] = R[g, i] − the mean of group g's valid rewards; 0 on padding. float[G, N], bool[G, N]."""
+    r = torch.where(valid, rewards, torch.zeros((), dtype=rewards.dtype))
+    return torch.where(valid, r - r.sum(dim=1, keepdim=True) / valid.sum(dim=1, keepdim=True), 0.0)
 
 
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:

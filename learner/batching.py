@@ -320,7 +320,8 @@ class Batcher:
         return Batch(groups, self.take_stats())
 
     def _reset(self) -> None:
-        self.stats = {"generated": 0, "kept_samples": 0, "tokens": 0, "reward_sum": 0.0, "correct_sum": 0.0,
+        self.stats = {"generated": 0, "kept_samples": 0, "kept_groups": 0, "received_samples": 0, "tokens": 0,
+                      "reward_sum": 0.0, "correct_sum": 0.0,
                       "drop_all_correct": 0, "drop_all_wrong": 0, "drop_unleased": 0, "groups_received": 0}
         self.consumed_ids: list[int] = []
 
@@ -342,6 +343,7 @@ class Batcher:
         s = self.stats
         s["generated"] += g.n
         s["groups_received"] += 1
+        s["received_samples"] += g.n
         s["tokens"] += int(g.lengths.sum())
         s["reward_sum"] += float(g.rewards.sum())
         s["correct_sum"] += float(g.correct.sum())
@@ -355,6 +357,7 @@ class Batcher:
         else:
             self.kept.append(g)
             s["kept_samples"] += g.n
+            s["kept_groups"] += 1
             self.wake()
         if self.wave_done is not None:
             self.wake()  # a dropped group may answer the wave's last prompt
@@ -373,6 +376,10 @@ class Batcher:
             "pass_rate": s["kept_samples"] / gen, "drop_all_correct": float(s["drop_all_correct"]),
             "drop_all_wrong": float(s["drop_all_wrong"]), "drop_unleased": float(s["drop_unleased"]),
             "groups_received": float(s["groups_received"]),
+            # mean N of the groups received (below N with adaptive rollouts), and the samples generated per
+            # group kept: what a unit of training signal cost
+            "samples_per_group": s["received_samples"] / max(s["groups_received"], 1),
+            "samples_per_kept_group": s["generated"] / max(s["kept_groups"], 1),
             "consumed_ids": list(self.consumed_ids),
         }
         self._reset()

@@ -63,27 +63,34 @@ def plan_step(groups: list[TrainGroup], cfg: LearnerConfig, *, world: int, gener
     counted with `reuse_old`, the reference forward with `reference`) and every rank's share."""
     if not groups:
         raise ValueError("groups is empty: a step needs at least one group")
-    n = len(groups[0].rewards)
-    if any(len(g.rewards) != n for g in groups):
-        raise ValueError("groups differ in N; one step takes groups of one rollout size")
-    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-    correct = torch.tensor([g.correct for g in groups], dtype=torch.bool)
-    lengths = torch.tensor([[len(c) for c in g.completion_ids] for g in groups])
-    cut = torch.tensor([g.truncated or [False] * n for g in groups], dtype=torch.bool)
+    # groups may differ in size (`actor.rollouts = "adaptive"`): [G, N] tensors padded to the largest, `valid`
+    # marking the completions
+    sizes = torch.tensor([len(g.rewards) for g in groups])
+    valid = torch.arange(int(sizes.max())) < sizes[:, None]
+
+    def padded(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
+        out = torch.zeros(valid.shape, dtype=dtype)
+        out[valid] = torch.tensor([x for row in rows for x in row], dtype=dtype)
+        return out
+
+    rewards = padded([g.rewards for g in groups], torch.float32)
+    correct = padded([g.correct for g in groups], torch.bool)
+    lengths = padded([[len(c) for c in g.completion_ids] for g in groups], torch.long)
+    cut = padded([g.truncated or [False] * len(g.rewards) for g in groups], torch.bool)
     if cfg.overlong_buffer:  # DAPO's soft overlong punishment, on the reward before the baseline
         rewards = rewards + overlong_penalty(lengths, max_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
-    keep = dynamic_sampling_mask(correct) if cfg.dynamic_sampling else torch.ones(len(groups), dtype=torch.bool)
-    adv = reinforce_pp_advantages(rewards, keep)
+    keep = dynamic_sampling_mask(correct, valid) if cfg.dynamic_sampling else torch.ones(len(groups), dtype=torch.bool)
+    adv = reinforce_pp_advantages(rewards, keep, valid)
     metrics: dict[str, float] = {
-        "truncated_frac": cut.float().mean().item(),  # of the batch's completions: cut at actor.max_tokens
-        "completion_len_mean": lengths.float().mean().item(), "completion_len_max": float(lengths.max().item()),
+        "truncated_frac": cut[valid].float().mean().item(),  # of the batch's completions: cut at actor.max_tokens
+        "completion_len_mean": lengths[valid].float().mean().item(), "completion_len_max": float(lengths.max().item()),
         "prompt_len_mean": sum(len(g.prompt_ids) for g in groups) / len(groups),
         "prompt_len_min": float(min(len(g.prompt_ids) for g in groups)),
-        "reward_mean": rewards.mean().item(),
-        "accuracy": correct.float().mean().item(),
+        "reward_mean": rewards[valid].mean().item(),
+        "accuracy": correct[valid].float().mean().item(),
         "groups": float(len(groups)),
         "groups_kept": float(keep.sum().item()),
-        "train_pass_rate": pass_rate(keep, n),  # of the groups trained (the batcher's pass_rate: of all)
+        "train_pass_rate": pass_rate(keep, sizes),  # of the groups trained (the batcher's pass_rate: of all)
         "lr": lr,
     }
     if not torch.isfinite(adv[keep]).all():  # e.g. rewards so large that their spread overflows
@@ -94,7 +101,7 @@ def plan_step(groups: list[TrainGroup], cfg: LearnerConfig, *, world: int, gener
     for gi, g in enumerate(groups):
         if not keep[gi]:
             continue
-        for i in range(n):
+        for i in range(len(g.rewards)):
             if cfg.overlong_filter and cut[gi, i]:
                 masked += 1  # overlong filtering: in its group's baseline, out of the loss
                 continue

@@ -54,6 +54,7 @@ class GroupValidator:
     def __init__(self, cfg: BrorlConfig, vocab_size: int):
         a = cfg.actor
         self.n, self.max_tokens, self.max_len = cfg.job.n_samples, a.max_tokens, a.max_model_len
+        self.sizes = cfg.job.group_sizes()  # N, or with adaptive rollouts also the first wave's size
         self.vocab = vocab_size
         self.reward_ranges: dict[str, tuple[float, float]] = {}  # verifier name -> declared range
         self.counts: collections.Counter[str] = collections.Counter()  # since the last take_stats
@@ -70,8 +71,10 @@ class GroupValidator:
             return f"prompt_not_granted: prompt {g.prompt_id} was never handed out (next is {next_prompt})"
         if task_verifier is not None and g.verifier != task_verifier:
             return f"verifier: scored by {g.verifier!r}, the task's verifier is {task_verifier!r}"
-        if g.n != self.n:
-            return f"n_samples: N = {g.n}, the job's N (job.n_samples) is {self.n}"
+        if g.n not in self.sizes:
+            return (f"n_samples: N = {g.n}, the job's N (job.n_samples) is {self.n}" if len(self.sizes) == 1 else
+                    f"n_samples: a group of {g.n}; adaptive rollouts make groups of {sorted(self.sizes)} "
+                    "(job.first_wave, job.n_samples)")
         longest = int(g.lengths.max())
         if longest > self.max_tokens:
             return f"completion_too_long: a completion of {longest} tokens > actor.max_tokens = {self.max_tokens}"

@@ -5,7 +5,7 @@ One actor process (engine start-up costs ~20-40 s, so it is paid once per module
 transport, staleness gating under a learner that runs ahead, verifiers that raise / hang / kill their
 worker, a rejected bad hot swap, a killed engine rebuilt in place, and SIGTERM with no orphan process left.
 Each case brings the actor to the state it needs itself (its own weight push), so a failure in one does
-not hide the next. A second, short run checks N = 32.
+not hide the next. A second, short run checks N = 32 in adaptive waves.
 """
 
 import asyncio
@@ -213,9 +213,12 @@ async def test_sigterm_exits_cleanly_leaving_no_orphans(sc):
     assert alive == [], f"orphans after SIGTERM: {alive}"
 
 
-async def test_actor_groups_of_32_with_long_tailed_completion_budgets(tiny_model_dir, tmp_path):
-    """N = 32, and each request's `max_tokens` drawn per prompt (`actor.length_dist = "lognormal"`): every
-    completion the engine cut for length ends exactly at its prompt's budget."""
+async def test_actor_adaptive_groups_of_4_or_32_with_long_tailed_completion_budgets(tiny_model_dir, tmp_path):
+    """N = 32 in adaptive waves (`job.rollouts = "adaptive"`, a first wave of 4): a prompt whose first 4
+    agree is sent as a group of 4, the others as 32 whose first 4 were mixed, every token's log-prob the
+    engine's own across both waves; and each request's `max_tokens` drawn per prompt (`actor.length_dist =
+    "lognormal"`): every completion the engine cut for length, in either wave, ends exactly at its prompt's
+    budget."""
     from transformers import AutoModelForCausalLM
 
     from actors.engine import request_max_tokens
@@ -224,11 +227,18 @@ async def test_actor_groups_of_32_with_long_tailed_completion_budgets(tiny_model
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     fl = FakeLearner(model)
     cfg = actor_cfg(tiny_model_dir, 32, **{"actor.max_tokens": 24, "actor.length_dist": "lognormal",
-                                           "actor.length_median": 6})
+                                           "actor.length_median": 6, "job.rollouts": "adaptive", "job.first_wave": 4})
     proc = start_actor(cfg, tmp_path, fl.work_url, "a32")
     try:
-        groups = await fl.wait_groups(4, timeout_s=240)
-        assert all(g.n == 32 for g in groups)
+        await fl.wait_groups(1, where=lambda g: g.n == 32, timeout_s=240)
+        await fl.wait_groups(1, where=lambda g: g.n == 4, timeout_s=120)
+        groups = await fl.wait_groups(4, timeout_s=120)
+        assert {g.n for g in groups} == {4, 32}
+        for g in groups:
+            first = g.correct[:4].astype(bool)
+            settled = first.all() or not first.any()
+            assert settled == (g.n == 4), (g.n, g.correct)  # the rule: a settled first wave stops there
+            assert len(g.reasons) == g.n == len(g.rewards) == len(g.lengths)
         assert mismatch_kl(model, groups) < KL_BOUND
         budgets = [request_max_tokens(cfg.actor, cfg.run.seed, g.prompt_id) for g in groups]
         assert len(set(budgets)) > 1, budgets  # the budgets differ by prompt
