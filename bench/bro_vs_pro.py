@@ -64,23 +64,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 seed, a quarter of the budget")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--pro-steps", type=int, default=80, help="ProRL steps; BroRL gets an eighth")
-    ap.add_argument("--reuse", action="store_true", help="reuse finished runs found in runs/bench/bro_vs_pro")
+    ap.add_argument("--reuse", action="store_true", help="reuse finished runs of the same settings in runs/bench/bro_vs_pro")
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.pro_steps = 1, 16
-    from bench.common import brorl_run, load_run, table, write_json
+    from bench.arms import Runner, plot_runs
+    from bench.common import table, write_json
 
-    runs = []
+    run, runs = Runner(ROOT / "runs" / "bench" / "bro_vs_pro", args.reuse, timeout=3600), []
     for seed in range(args.seeds):
         for arm in ARMS:
             o = arm_overrides(arm, args.pro_steps, seed)
             print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
-            run_dir = ROOT / "runs" / "bench" / "bro_vs_pro" / f"{SLUGS[arm]}-s{seed}"
-            if args.reuse and (run_dir / "summary.json").exists():
-                res = load_run(run_dir)
-            else:
-                res = brorl_run(run_dir, o)
-            runs.append(summarize(arm, seed, res))
+            runs.append(summarize(arm, seed, run(f"{SLUGS[arm]}-s{seed}", o)))
             r = runs[-1]
             print(f"    pass@1 {r['pass_at_1_start']:.3f} -> {r['pass_at_1_end']:.3f}, {r['generated']} generated, "
                   f"pass rate {r['pass_rate']:.2f}, {r['samples_per_s']:.0f} samples/s", file=sys.stderr, flush=True)
@@ -102,38 +98,9 @@ def main() -> None:
     print(table(rows, cols))
     path = write_json("bro_vs_pro", {"pro_steps": args.pro_steps, "base_lr": BASE_LR, "base_samples": BASE_SAMPLES,
                                      "arms": ARMS, "runs": runs, "table": rows})
-    _plot(runs, path.with_suffix(".png"))
+    plot_runs(runs, ARMS, path.with_suffix(".png"),
+              "BroRL (N=512) vs ProRL (N=16), same trained samples; one line per seed")
     print(f"\nwrote {path}")
-
-
-def plot_curves(ax_gen, ax_wall, runs: list[dict], arms) -> None:
-    """Held-out pass@1 of each run (its `curve` of (generated, wall s, pass@1)) against generated samples
-    and against wall time: one colour per arm, one line per seed."""
-    for i, arm in enumerate(arms):
-        for r in (r for r in runs if r["arm"] == arm):
-            gen, wall, p = zip(*r["curve"])
-            kw = dict(color=f"C{i}", alpha=0.8, marker="o", ms=3, label=arm if r["seed"] == 0 else None)
-            ax_gen.plot(gen, p, **kw)
-            ax_wall.plot(wall, p, **kw)
-
-
-def _plot(runs, out) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    plot_curves(axes[0], axes[1], runs, ARMS)
-    axes[0].set_xlabel("generated samples")
-    axes[1].set_xlabel("training wall time, s (evaluation excluded)")
-    for ax in axes:
-        ax.set_ylabel("held-out pass@1")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("BroRL (N=512) vs ProRL (N=16), same trained samples; one line per seed", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
 
 
 if __name__ == "__main__":

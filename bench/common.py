@@ -95,6 +95,12 @@ def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout:
     run_dir = Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)
+    if not any(k.endswith("_port") for k in overrides):  # not the defaults: another job may hold them
+        from transport.ports import free_ports
+
+        base = free_ports(3)
+        overrides = {**overrides, "transport.work_port": base, "transport.rollout_port": base + 1,
+                     "transport.control_port": base + 2}
     args = [f"--{k}={v}" for k, v in {**overrides, "run.run_dir": str(run_dir)}.items()]
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "cli", "run", "--config", preset, "--no-eval", *args],

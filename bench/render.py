@@ -237,6 +237,20 @@ def _saturation(d: dict) -> Table:
              "dynamic-sampling pass rate (%)", "training wall time (s)"], "lrlrlrrr", rows)
 
 
+def _adaptive(d: dict) -> Table:
+    k, rows = d["k"], []
+    for r in d["table"]:
+        t = d["tests"].get(f"pass@1: {r['arm']} vs fixed N=512")
+        test = "—" if t is None else (f"{100 * t['mean_diff']:+.1f} points, t = {t['t']:.2f}, "
+                                      f"p = {t['p']:.2g}").replace("-", "−")
+        rows.append([r["arm"], str(r["steps"]), f"{_pm(r['pass@1 start %'])} → {_pm(r['pass@1 end %'])}",
+                     _pm(r["gain (points)"], sign=True), test,
+                     f"{_pm(r[f'pass@{k} start %'])} → {_pm(r[f'pass@{k} end %'])}", _pm(r["generated"], digits=0),
+                     _pm(r["pass rate %"])])
+    return (["arm", "steps", "held-out pass@1 start → end (%)", "gain (points)", "pass@1 against fixed N = 512",
+             f"pass@{k} start → end (%)", "generated samples", "dynamic-sampling pass rate (%)"], "lrlrlrrr", rows)
+
+
 ACTOR_RUNS = ("actor_h200_fp8", "actor_h200_bf16", "actor_h200_p2c", "actor_h200_p2", "actor_h100_p2b", "actor_h100_p2",
               "actor_h200", "actor_h200_dict_logprobs", "actor")
 """`bench.actor` runs on the actor page, one row each (their files under bench/results)."""
@@ -275,6 +289,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "actor-runs": (tuple(f"{f}.json" for f in ACTOR_RUNS), _actor_runs),
     "bro-vs-pro": ("bro_vs_pro.json", _bro_vs_pro),
     "saturation": ("saturation.json", _saturation),
+    "adaptive-saturated-quick": ("adaptive_saturated_quick.json", _adaptive),
     "learner-gpu-mfu": ("learner_gpu.json", _learner_mfu),
     "learner-gpu-mfu-h200": ("learner_gpu_h200.json", _learner_mfu),
     "learner-gpu-profile-h200": ("learner_gpu_h200.json", _learner_profile),

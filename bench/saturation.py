@@ -36,7 +36,6 @@ dynamic-sampling pass rate per N, and the paired tests. Writes bench/results/sat
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -81,15 +80,6 @@ def saturation_step(held: list[dict], k: int, window: int = WINDOW, patience: in
     return None
 
 
-def paired(a: list[float], b: list[float]) -> dict:
-    """Paired test of b - a over instances: mean difference, t, two-sided p (normal approximation)."""
-    d = [y - x for x, y in zip(a, b)]
-    m, sd = statistics.mean(d), statistics.stdev(d)
-    t = m / (sd / math.sqrt(len(d))) if sd > 0 else float("inf") * (1 if m > 0 else -1 if m < 0 else 0)
-    p = 2 * (1 - statistics.NormalDist().cdf(abs(t))) if math.isfinite(t) else 0.0
-    return {"n": len(d), "mean_diff": m, "t": t, "p": p}
-
-
 def arm_overrides(arm: str, start: Path, train_samples: int, seed: int, eval_prompts: int) -> dict:
     """An arm of phase 2: phase 1's checkpoint `start` continued (its weights and AdamW state)."""
     o, scaled = {**ARMS, **ABLATIONS}[arm]
@@ -100,10 +90,6 @@ def arm_overrides(arm: str, start: Path, train_samples: int, seed: int, eval_pro
             "learner.lr_base_samples": BASE_SAMPLES if scaled else per_step,
             "run.eval_interval": max(1, steps // 6), "run.seed": seed, "learner.seed": seed,
             "learner.checkpoint_interval": steps}
-
-
-def curve(res: dict) -> list[tuple[int, float, float]]:
-    return [(h["generated"], h["wall_s"], h["pass_at_1"]) for h in res["heldout"]]
 
 
 def main() -> None:
@@ -118,21 +104,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.pro_steps, args.train_samples, args.eval_prompts = 1, 40, 4096, 32
-    from bench.common import brorl_run, load_run, table, write_json
+    from bench.arms import Runner, plot_runs, record, rows as arm_rows, tests as arm_tests
+    from bench.common import table, write_json
 
     out = OUT / "quick" if args.quick else OUT  # a quick run's short phases are never reused by a full one
-
-    def run(run_dir: Path, o: dict) -> dict:
-        """A run, or with --reuse the finished one in `run_dir` if it ran with exactly these overrides."""
-        run_dir = out / run_dir
-        done = run_dir / "bench_overrides.json"
-        if args.reuse and (run_dir / "summary.json").exists():
-            if done.exists() and json.loads(done.read_text()) == json.loads(json.dumps(o)):
-                return load_run(run_dir)
-            print(f"  {run_dir.name}: its finished run had other settings; running it again", file=sys.stderr)
-        res = brorl_run(run_dir, o, timeout=6 * 3600)  # phase 1: up to 480 steps
-        done.write_text(json.dumps(o, indent=1, sort_keys=True))
-        return res
+    run = Runner(out, args.reuse)
 
     k = COMMON["run.eval_samples"]
     arms = {**ARMS, **(ABLATIONS if args.ablations else {})}
@@ -140,7 +116,7 @@ def main() -> None:
           "learner.lr_base_samples": BASE_SAMPLES, "run.eval_interval": EVAL, "learner.checkpoint_interval": EVAL,
           "learner.checkpoint_keep": args.pro_steps // EVAL + 1, "run.seed": 0, "learner.seed": 0}
     print(f"  phase 1: ProRL up to {args.pro_steps} steps ...", file=sys.stderr, flush=True)
-    phase1 = run(Path("phase1"), p1)
+    phase1 = run("phase1", p1)
     sat = saturation_step(phase1["heldout"], k)
     start = sat if sat is not None else phase1["heldout"][-1]["step"]
     ckpt = out / "phase1" / "checkpoints" / f"step-{start:06d}"
@@ -151,44 +127,9 @@ def main() -> None:
         for arm in arms:
             o = arm_overrides(arm, ckpt, args.train_samples, seed, args.eval_prompts)
             print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
-            res = run(Path(f"{SLUGS[arm]}-s{seed}"), o)
-            m, h = res["metrics"], res["heldout"]
-            runs.append({"arm": arm, "seed": seed, "steps": len(m), "pass_at_1_start": h[0]["pass_at_1"],
-                         "pass_at_1_end": h[-1]["pass_at_1"], "gain": h[-1]["pass_at_1"] - h[0]["pass_at_1"],
-                         "pass_at_k_start": h[0]["pass_at_k"], "pass_at_k_end": h[-1]["pass_at_k"],
-                         "generated": sum(r["generated"] for r in m), "trained": sum(r["samples"] for r in m),
-                         "pass_rate": statistics.mean(r["pass_rate"] for r in m), "train_wall_s": h[-1]["wall_s"],
-                         "correct_start": h[0]["correct"], "correct_end": h[-1]["correct"], "curve": curve(res)})
-            r = runs[-1]
-            print(f"    pass@1 {r['pass_at_1_start']:.3f} -> {r['pass_at_1_end']:.3f}, pass@{k} "
-                  f"{r['pass_at_k_start']:.3f} -> {r['pass_at_k_end']:.3f}, {r['generated']} generated, "
-                  f"pass rate {r['pass_rate']:.2f}", file=sys.stderr, flush=True)
-
-    def instances(arm: str, key: str, at_k: bool = False) -> list[float]:
-        """Per (seed, prompt): the pass rate of its k samples, or (at_k) whether any was right (pass@k)."""
-        return [float(c > 0) if at_k else c / k for r in runs if r["arm"] == arm for c in r[key]]
-
-    tests = {}
-    for at_k, what in ((False, "pass@1"), (True, f"pass@{k}")):
-        tests.update({f"{what}: {arm} vs ProRL (N=16)": paired(instances("ProRL (N=16)", "correct_end", at_k),
-                                                              instances(arm, "correct_end", at_k))
-                      for arm in arms if arm != "ProRL (N=16)"})
-        tests.update({f"{what}: {arm}, end vs start": paired(instances(arm, "correct_start", at_k),
-                                                            instances(arm, "correct_end", at_k)) for arm in arms})
-    rows = []
-    for arm in arms:
-        rs = [r for r in runs if r["arm"] == arm]
-
-        def ms(key, rs=rs, scale=1.0):
-            xs = [scale * r[key] for r in rs]
-            return f"{statistics.mean(xs):.1f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.1f}"
-
-        rows.append({"arm": arm, "steps": rs[0]["steps"], "pass@1 start %": ms("pass_at_1_start", scale=100),
-                     "pass@1 end %": ms("pass_at_1_end", scale=100), "gain (points)": ms("gain", scale=100),
-                     f"pass@{k} start %": ms("pass_at_k_start", scale=100),
-                     f"pass@{k} end %": ms("pass_at_k_end", scale=100),
-                     "generated": ms("generated"), "pass rate %": ms("pass_rate", scale=100),
-                     "train wall s": ms("train_wall_s")})
+            runs.append(record(arm, seed, run(f"{SLUGS[arm]}-s{seed}", o), k))
+    tests = arm_tests(runs, arms, "ProRL (N=16)", k)
+    rows = arm_rows(runs, arms, k)
     held1 = phase1["heldout"]
     print("\nPhase 1 (ProRL): held-out pass@1 by step: "
           + ", ".join(f"{h['step']}: {100 * h['pass_at_1']:.1f}%" for h in held1)
@@ -204,36 +145,22 @@ def main() -> None:
                                      "arms": {a: v[0] for a, v in arms.items()}, "runs": runs, "table": rows,
                                      "eval_prompts": args.eval_prompts, "k": k, "reproducible": True,
                                      "tests": tests})
-    _plot(held1, sat, runs, arms, path.with_suffix(".png"))
+    plot_runs(runs, arms, path.with_suffix(".png"), "Saturate with ProRL, then broaden: tiny model on CPU; one line per seed",
+              lead=_phase1(held1, sat))
     print(f"\nwrote {path}")
 
 
-def _plot(held1, sat, runs, arms, out) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bench.bro_vs_pro import plot_curves
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
-    axes[0].plot([h["generated"] for h in held1], [h["pass_at_1"] for h in held1], "o-", color="C0", ms=3)
-    if sat is not None:
-        g = next(h["generated"] for h in held1 if h["step"] == sat)
-        axes[0].axvline(g, color="k", ls=":", label=f"saturated (step {sat})")
-        axes[0].legend(fontsize=8)
-    axes[0].set_title("phase 1: ProRL (N = 16)", fontsize=9)
-    axes[0].set_xlabel("generated samples")
-    plot_curves(axes[1], axes[2], runs, arms)
-    axes[1].set_xlabel("phase 2: generated samples")
-    axes[2].set_xlabel("phase 2: training wall time, s (evaluation excluded)")
-    for ax in axes:
-        ax.set_ylabel("held-out pass@1")
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
-    fig.suptitle("Saturate with ProRL, then broaden: tiny model on CPU; one line per seed", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+def _phase1(held1, sat):
+    """The saturation plot's first panel: phase 1's held-out curve and where it saturated."""
+    def draw(ax) -> None:
+        ax.plot([h["generated"] for h in held1], [h["pass_at_1"] for h in held1], "o-", color="C0", ms=3)
+        if sat is not None:
+            g = next(h["generated"] for h in held1 if h["step"] == sat)
+            ax.axvline(g, color="k", ls=":", label=f"saturated (step {sat})")
+            ax.legend(fontsize=8)
+        ax.set_title("phase 1: ProRL (N = 16)", fontsize=9)
+        ax.set_xlabel("generated samples")
+    return draw
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ class ControlPublisher:
         if sec.curve:
             security.make_server(self.sock, sec.keys_dir)
         self._sync = zmq.Socket.shadow(self.sock.underlying)  # the same socket, used without the event loop
-        self.port = _bind(self.sock, ep.host, ep.control_port)
+        self.port = _bind(self.sock, ep.host, ep.control_port, "transport.control_port")
         self.routes: dict[bytes, tuple[str, float]] = {}  # routing id -> (peer, time of its last SUBSCRIBE)
         self.frames: dict[str, list[float]] = {}  # peer -> times of its frames, last minute
         self.banned: list[str] = []

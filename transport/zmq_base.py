@@ -131,10 +131,17 @@ class _Rejects:
             log.warning("%s: rejected malformed message (%d so far): %s", self.where, self.count, err)
 
 
-def _bind(sock: zmq.asyncio.Socket, host: str, port: int) -> int:
+def _bind(sock: zmq.asyncio.Socket, host: str, port: int, key: str = "") -> int:
+    """Bind to host:port (0: a free one); a port in use fails naming the setting that chose it (`key`)."""
     if port == 0:
         return sock.bind_to_random_port(f"tcp://{host}")
-    sock.bind(f"tcp://{host}:{port}")
+    try:
+        sock.bind(f"tcp://{host}:{port}")
+    except zmq.ZMQError as e:
+        if e.errno != zmq.EADDRINUSE:
+            raise
+        raise OSError(e.errno, f"port {port} on {host} is in use (another brorl job on this machine?): set "
+                               f"{key or 'the port'} to a free one") from e
     return port
 
 

@@ -67,9 +67,15 @@ class LearnerSockets:
         self.ctx.setsockopt(zmq.LINGER, 0)  # every socket of it, the authenticator's too: term never waits
         self.auth = security.start_authenticator(self.ctx, sec.keys_dir) if sec.curve else None
         headers = Limits(hwm, HEADER_FRAME, *heartbeat)
-        self.work = WorkServer(self.ctx, ep, sec, headers)
-        self.rollouts = RolloutReceiver(self.ctx, ep, sec, Limits(hwm, max_frame, *heartbeat))
-        self.control = ControlPublisher(self.ctx, ep, sec, headers, self.auth)
+        try:
+            self.work = WorkServer(self.ctx, ep, sec, headers)
+            self.rollouts = RolloutReceiver(self.ctx, ep, sec, Limits(hwm, max_frame, *heartbeat))
+            self.control = ControlPublisher(self.ctx, ep, sec, headers, self.auth)
+        except BaseException:  # e.g. a port in use: close what was opened (a context left to the garbage
+            if self.auth is not None:  # collector can block a later test in term())
+                self.auth.stop()
+            self.ctx.destroy(linger=0)
+            raise
         self.endpoints = Endpoints(ep.host, self.work.port, self.rollouts.port, self.control.port)
 
     async def answer_hello(self, identity: bytes, hello: wire.Hello) -> None:
@@ -100,7 +106,7 @@ class WorkServer:
         # none), so no peer can take another's connection over by claiming its identity
         if sec.curve:
             security.make_server(self.sock, sec.keys_dir)
-        self.port = _bind(self.sock, ep.host, ep.work_port)
+        self.port = _bind(self.sock, ep.host, ep.work_port, "transport.work_port")
         self.rejects = _Rejects("work ROUTER")
         self.last_peer = Peer()
 
@@ -129,7 +135,7 @@ class RolloutReceiver:
         self.sock.setsockopt(zmq.RCVHWM, lim.hwm)
         if sec.curve:
             security.make_server(self.sock, sec.keys_dir)
-        self.port = _bind(self.sock, ep.host, ep.rollout_port)
+        self.port = _bind(self.sock, ep.host, ep.rollout_port, "transport.rollout_port")
         self.rejects = _Rejects("rollout PULL")
         self.curve = sec.curve
         self.duplicates = 0

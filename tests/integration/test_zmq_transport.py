@@ -367,3 +367,18 @@ def test_picked_ports_are_outside_the_kernels_ephemeral_range_and_avoid_the_give
     base = free_ports(3)
     assert not [p for p in range(base, base + 3) if lo <= p <= hi]
     assert ports[0] not in {free_port(avoid=[ports[0]]) for _ in range(200)}
+
+
+def test_a_second_learner_on_taken_ports_fails_naming_the_setting():
+    """Two jobs on one machine with the default ports: the second learner's bind names the key to change,
+    not just libzmq's "Address already in use"."""
+    from transport.ports import free_ports
+
+    base = free_ports(3)
+    ep = Endpoints("127.0.0.1", base, base + 1, base + 2)
+    first = LearnerSockets(ep)
+    try:
+        with pytest.raises(OSError, match=f"port {base} on 127.0.0.1 is in use .*set transport.work_port"):
+            LearnerSockets(ep)
+    finally:
+        first.close()

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from bench.saturation import noise, paired, saturation_step
+from bench.arms import paired
+from bench.saturation import noise, saturation_step
 
 K, N = 16, 64
 
@@ -41,3 +42,23 @@ def test_paired_test_signs_and_significance():
     assert up["n"] == 200 and up["mean_diff"] == pytest.approx(0.11, abs=0.005) and up["t"] > 10 and up["p"] < 1e-6
     same = paired(a, [x + (0.05 if i % 2 else -0.05) for i, x in enumerate(a)])
     assert abs(same["mean_diff"]) < 1e-12 and same["p"] > 0.9
+
+
+def test_arms_records_compare_prompt_by_prompt_and_summarise_over_seeds():
+    from bench.arms import record, rows, tests
+
+    def res(start, end, gen):
+        h = [{"pass_at_1": sum(c) / 16 / len(c), "pass_at_k": sum(x > 0 for x in c) / len(c), "correct": c,
+              "generated": g, "wall_s": w} for c, g, w in ((start, 0, 0.0), (end, gen, 10.0))]
+        return {"metrics": [{"generated": gen, "samples": 256, "pass_rate": 0.5}], "heldout": h}
+
+    runs = [record("a", s, res([4, 0, 8, 16], [4, 0, 8, 16], 1000), 16) for s in (0, 1)]
+    runs += [record("b", s, res([4, 0, 8, 16], [8, 2, 12, 16], 400), 16) for s in (0, 1)]
+    assert runs[2]["gain"] == pytest.approx(38 / 64 - 28 / 64) and runs[2]["generated"] == 400
+    assert runs[2]["curve"] == [(0, 0.0, runs[2]["pass_at_1_start"]), (400, 10.0, runs[2]["pass_at_1_end"])]
+    t = tests(runs, ["a", "b"], "a", 16)
+    assert t["pass@1: b vs a"]["n"] == 8 and t["pass@1: b vs a"]["mean_diff"] == pytest.approx(10 / 4 / 16)
+    assert t["pass@16: b vs a"]["mean_diff"] == pytest.approx(1 / 4)  # the prompt with 0 right now has 2
+    assert t["pass@1: a, end vs start"]["mean_diff"] == 0
+    r = rows(runs, ["a", "b"], 16, {"generated ×2": ("generated", 2)})
+    assert r[1]["generated"] == "400.0 ± 0.0" and r[1]["generated ×2"] == "800.0 ± 0.0" and r[0]["arm"] == "a"

@@ -1,0 +1,110 @@
+"""Adaptive rollouts against fixed N, on CPU: held-out gain per generated sample.
+
+    python -m bench.adaptive [--quick] [--seeds 3] [--from-saturated]
+
+The tiny model after its warm start (the default job's), the synthetic arithmetic task, every run
+`run.reproducible` (one actor, K = 0). Three arms, the same trained samples each (`--train-samples`):
+    fixed N = 16:               16 prompts per step,   256 samples per step (ProRL's shape)
+    fixed N = 512:               4 prompts per step, 2,048 samples per step (BroRL's: a quarter of the prompts)
+    adaptive N = 512, n0 = 16:   4 prompts per step, a first wave of 16, a mixed prompt completed to 512
+lr 3e-4 at 256 samples per step, √-scaled with the step's samples (the paper's rule). Dynamic sampling keeps
+only mixed groups, so the adaptive arm trains the same full groups of 512 as fixed N = 512 and differs in
+what it generated to find them: a settled prompt cost it 16 samples instead of 512. Seeds vary the data
+order, the sampling and the held-out prompts (`--eval-prompts` per seed, k samples each); the arms of a seed
+share them, so end points are compared prompt by prompt (paired tests, as bench.saturation).
+
+The goal (issue: adaptive rollouts): the same held-out gain for at most half the generated samples of the
+better fixed N, or a clearly higher gain at equal samples. Writes bench/results/adaptive.json and .png
+(`--from-saturated`: adaptive_saturated.*; `--quick`: *_quick.*).
+
+`--from-saturated` starts every arm from the end of bench.saturation's phase 1 (weights and AdamW state),
+where ProRL has narrowed the model: held-out pass@16 fell from 77 % to about 40 % there, so most prompts are
+all wrong at 16 samples — the regime the adaptive rule is for. From the warm start nearly every prompt is
+mixed at 16 samples, the rule stops almost nothing, and the adaptive arm is fixed N = 512 (under
+`run.reproducible` its two waves sample what one request of 512 would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "runs" / "bench" / "adaptive"
+BASE_LR, BASE_SAMPLES = 3e-4, 256
+COMMON = {"run.eval_samples": 16, "learner.num_minibatches": 2, "run.reproducible": True, "job.max_staleness": 0,
+          "learner.lr": BASE_LR, "learner.lr_base_samples": BASE_SAMPLES}
+ARMS = {
+    "fixed N=16": {"job.n_samples": 16, "job.prompts_per_step": 16, "actor.prompts_per_request": 16},
+    "fixed N=512": {"job.n_samples": 512, "job.prompts_per_step": 4, "actor.prompts_per_request": 2},
+    "adaptive N=512, n0=16": {"job.n_samples": 512, "job.prompts_per_step": 4, "actor.prompts_per_request": 4,
+                              "job.rollouts": "adaptive", "job.first_wave": 16},
+}
+SLUGS = {"fixed N=16": "fixed16", "fixed N=512": "fixed512", "adaptive N=512, n0=16": "adaptive512"}
+
+
+def overrides(arm: str, train_samples: int, seed: int, eval_prompts: int, start: Path | None = None) -> dict:
+    """An arm's run: from the warm start, or (`start`) a checkpoint's weights and AdamW state."""
+    o = ARMS[arm]
+    steps = max(1, train_samples // (o["job.n_samples"] * o["job.prompts_per_step"]))
+    if start is not None:
+        o = {**o, "model.path": str(start / "model"), "learner.init_from": str(start)}
+    return {**COMMON, **o, "learner.steps": steps, "run.eval_prompts": eval_prompts,
+            "run.eval_interval": max(1, steps // 6), "run.seed": seed, "learner.seed": seed,
+            "learner.checkpoint_interval": steps}
+
+
+def saturated_start() -> Path:
+    """The last checkpoint of bench.saturation's phase 1, or a clear error if it has not run."""
+    ckpts = sorted((ROOT / "runs" / "bench" / "saturation" / "phase1" / "checkpoints").glob("step-*"))
+    if not ckpts:
+        raise SystemExit("--from-saturated: no checkpoint under runs/bench/saturation/phase1/checkpoints; "
+                         "run `python -m bench.saturation` first")
+    return ckpts[-1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="1 seed, a short budget")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--train-samples", type=int, default=30_720, help="trained samples per arm")
+    ap.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts per seed")
+    ap.add_argument("--reuse", action="store_true", help="reuse finished runs of the same settings")
+    ap.add_argument("--from-saturated", action="store_true",
+                    help="start every arm from the end of bench.saturation's phase 1 (run that first): a model "
+                         "trained until many prompts are all right or all wrong at 16 samples")
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.train_samples, args.eval_prompts = 1, 4096, 32
+    from bench.arms import Runner, plot_runs, record, rows, tests
+    from bench.common import table, write_json
+
+    start = saturated_start() if args.from_saturated else None
+    out = (OUT / "quick" if args.quick else OUT) / ("saturated" if start else "warm")
+    run, k = Runner(out, args.reuse), COMMON["run.eval_samples"]
+    runs = []
+    for seed in range(args.seeds):
+        for arm in ARMS:
+            o = overrides(arm, args.train_samples, seed, args.eval_prompts, start)
+            print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
+            r = record(arm, seed, run(f"{SLUGS[arm]}-s{seed}", o), k)
+            r["gain_per_msample"] = 1e6 * r["gain"] / max(1.0, r["generated"])  # points·10⁻² per million generated
+            runs.append(r)
+    t = tests(runs, ARMS, "fixed N=512", k)
+    table_rows = rows(runs, ARMS, k, {"gain per 10⁶ generated": ("gain_per_msample", 100)})
+    print(f"\n{args.seeds} seed(s), {args.train_samples} trained samples per arm, mean ± std over seeds")
+    print(table(table_rows, list(table_rows[0])))
+    print("\nPaired tests over (seed, prompt) instances, per-prompt pass rate (b − a)")
+    print(table([{"comparison": name, **v} for name, v in t.items()], ["comparison", "n", "mean_diff", "t", "p"]))
+    name = "adaptive" + ("_saturated" if start else "") + ("_quick" if args.quick else "")
+    path = write_json(name, {"start": str(start.relative_to(ROOT)) if start else "the warm start",
+        "train_samples": args.train_samples, "eval_prompts": args.eval_prompts, "k": k, "arms": ARMS,
+        "common": COMMON, "runs": runs, "table": table_rows, "tests": t, "reproducible": True})
+    plot_runs(runs, ARMS, path.with_suffix(".png"),
+              "Adaptive rollouts against fixed N, the same trained samples; one line per seed")
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
