@@ -17,7 +17,8 @@ from pathlib import Path
 
 TAKES_OVERRIDES = False
 GRID = {"actors": int, "learner_gpus": int, "n": int, "prompts_per_step": int, "max_staleness": int,
-        "in_flight": str, "mean_tokens": float, "length_sigma": float, "model_gb": float}
+        "in_flight": str, "mean_tokens": float, "length_sigma": float, "model_gb": float, "first_wave": int,
+        "settled_first": float}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -37,6 +38,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model-gb", default=None,
                    help="GB of weights sent at each update (with gpu-1.5b: 3, the 1.5B model in bf16; the time "
                         "grows by the GB as our NCCL benchmark measured). Default: the calibration's model")
+    p.add_argument("--first-wave", default="0", help="adaptive rollouts: a prompt's first wave (0: fixed N)")
+    p.add_argument("--settled-first", default="0.0",
+                   help="with --first-wave: share of prompts whose first wave all agree (they stop there, dropped); "
+                        "at least 1 - the keep rate, since a prompt all right or all wrong at N is so at its first wave")
     p.add_argument("--prompts-per-request", type=int, default=2)
     p.add_argument("--keep-rate", type=float, default=None, help="dynamic-sampling keep rate (default: calibration's)")
     p.add_argument("--mtbf-s", type=float, default=float("inf"), help="mean seconds between an actor's failures")
@@ -95,6 +100,10 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
             raise SystemExit(f"brorl simulate-fleet: --contention must be >= 0, got {args.contention}")
         rates = dataclasses.replace(rates, contention=args.contention)
     grid = {name: _values(name, getattr(args, name)) for name in GRID}
+    if any(not 0 <= w < n for w in grid["first_wave"] for n in grid["n"] if w):
+        raise SystemExit(f"brorl simulate-fleet: --first-wave must be below --n (or 0: fixed N), got {args.first_wave!r}")
+    if any(not 0.0 <= x <= 1.0 for x in grid["settled_first"]):
+        raise SystemExit(f"brorl simulate-fleet: --settled-first must be in [0, 1], got {args.settled_first!r}")
     if any(v < 0 for v in grid["model_gb"]):
         raise SystemExit(f"brorl simulate-fleet: --model-gb must be >= 0, got {args.model_gb!r}")
     if any(grid["model_gb"]) and rates.sync_s_per_gb == 0:
@@ -109,13 +118,13 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
                                mtbf_s=args.mtbf_s, restart_s=args.restart_s, steps=args.steps, seed=s, rates=rates))
                 for s in range(args.seeds)]
         res = {k: statistics.mean(getattr(r, k) for r in runs) for k in (
-            "samples_per_s", "learner_wait_share", "actor_idle_share", "staleness_mean", "lag_mean",
+            "samples_per_s", "trained_samples_per_s", "learner_wait_share", "actor_idle_share", "staleness_mean", "lag_mean",
             "learner_train_share", "learner_sync_share")}
         keys = sorted({k for r in runs for k in r.staleness_hist}, key=int)
         hist = {k: statistics.mean(r.staleness_hist.get(k, 0.0) for r in runs) for k in keys}
         rows.append({**point, **res, "staleness_hist": hist, "bottleneck": bottleneck(res)})
     cols = [k for k in grid if len(grid[k]) > 1] or ["actors"]
-    print(_table(rows, cols + ["samples_per_s", "staleness_mean", "lag_mean", "learner_wait_share", "actor_idle_share",
+    print(_table(rows, cols + ["samples_per_s", "trained_samples_per_s", "staleness_mean", "lag_mean", "learner_wait_share", "actor_idle_share",
                                "learner_train_share", "learner_sync_share", "bottleneck"]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,12 @@ class Fleet:
     "prompt": the completions of a prompt share one length (`actor.length_dist`'s budget per prompt, which a
     random-weights model runs to, as in our GPU throughput runs)."""
     keep_rate: float = 0.6
+    """Share of the groups dynamic sampling keeps (fixed N)."""
+    first_wave: int = 0
+    """Adaptive rollouts (`job.rollouts = "adaptive"`, `job.first_wave`): a prompt's first wave; 0: fixed N."""
+    settled_first: float = 0.0
+    """With `first_wave`: the share of prompts whose first wave all agree; they stop there and are dropped,
+    the others get the rest of N in a second wave and are kept (`keep_rate` is not used then)."""
     model_gb: float = 0.0
     """The weights sent at each update, GB (`Rates.sync_s_per_gb`): 3.0 for 1.5B parameters in bf16."""
     in_flight: str = "finish"

@@ -8,8 +8,9 @@ What is modelled (one event queue, simulated seconds):
     scored and sent. An actor asks for work while it has room (`prompts_per_request` of its
     2 × `prompts_per_request` credits free) and its weights are at most K versions behind.
   - The learner. Arriving groups go through the learner's own rules (`learner.batching`): the lease
-    (`Dispatcher.claim`), dynamic sampling (each kept with probability `keep_rate`; the dispatcher's
-    running keep rate follows), admission by staleness (`Admission.admit`, `check_batch`), and grants
+    (`Dispatcher.claim`), dynamic sampling (each kept with probability `keep_rate`; with adaptive
+    rollouts a share `settled_first` of the prompts stop after their first wave and are dropped, the others
+    take both waves one after the other and are kept; the dispatcher's running keep rate follows), admission by staleness (`Admission.admit`, `check_batch`), and grants
     bounded by freshness (`Dispatcher.grant`). With B kept groups it trains (`train_s_per_token` per token
     on one GPU, divided over `learner_gpus` at `scale_efficiency` per doubling, plus `train_s_fixed`),
     then broadcasts: under "finish" every member first drains what it has in flight (stops admitting, its
@@ -35,52 +36,14 @@ import itertools
 import math
 import random
 from collections import Counter
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
 
 from fleet.model import Fleet, Result
+from fleet.parts import Actor, Group, Tasks
 from learner.batching import Admission, Dispatcher
 from transport.staleness import fresh, staleness
-
-
-class _Tasks:
-    """The dispatcher's task stream: prompts are ids only here."""
-
-    def __getitem__(self, i: int):
-        return SimpleNamespace(prompt="", reference="", verifier="sim", task_id=str(i), source=""), []
-
-
-@dataclass
-class _Group:
-    """What `Admission` reads of a wire group."""
-    gid: int
-    pid: int
-    actor: int
-    policy_version: int
-    n: int
-    n_tokens: int
-    versions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
-
-    @property
-    def oldest_version(self) -> int:
-        return self.policy_version
-
-    @property
-    def tokens(self) -> range:
-        return range(self.n_tokens)
-
-
-@dataclass
-class _Actor:
-    version: int = 0
-    up: bool = True
-    inflight: dict[int, list] = field(default_factory=dict)  # gid -> [end time, group]
-    draining: bool = False  # an update is announced: no new prompt until it is loaded
-    idle_since: float | None = 0.0
-    idle_s: float = 0.0
-    waiting: bool = False  # a request retry is scheduled
 
 
 class Sim:
@@ -91,15 +54,15 @@ class Sim:
         self.rng = random.Random(fleet.seed)
         cfg = SimpleNamespace(job=SimpleNamespace(prompts_per_step=fleet.prompts_per_step, max_staleness=fleet.max_staleness),
                               run=SimpleNamespace(reproducible=False))
-        self.dispatcher = Dispatcher(cfg, tasks=_Tasks())
+        self.dispatcher = Dispatcher(cfg, tasks=Tasks())
         self.admission = Admission(fleet.max_staleness)
-        self.actors = [_Actor() for _ in range(fleet.actors)]
+        self.actors = [Actor() for _ in range(fleet.actors)]
         self.events: list = []
         self._seq = itertools.count()
         self._gid = itertools.count()
         self.now = 0.0
         self.version = 0
-        self.kept: list[_Group] = []
+        self.kept: list[Group] = []
         self.settled: list[int] = []  # prompts dropped by dynamic sampling, committed with the next step
         self.training = self.updating = False
         self.ready: set[int] = set()  # members ready for the announced update
@@ -155,16 +118,16 @@ class Sim:
                            f"{[(a.version, a.up, len(a.inflight)) for a in self.actors]}")
 
     # ------------------------------------------------------------------ actors
-    def _busy(self, a: _Actor) -> None:
+    def _busy(self, a: Actor) -> None:
         if a.idle_since is not None:
             a.idle_s += self.now - a.idle_since
             a.idle_since = None
 
-    def _maybe_idle(self, a: _Actor) -> None:
+    def _maybe_idle(self, a: Actor) -> None:
         if not a.inflight and a.idle_since is None:
             a.idle_since = self.now
 
-    def _may_admit(self, a: _Actor) -> bool:
+    def _may_admit(self, a: Actor) -> bool:
         return a.up and not a.draining and fresh(self.version, a.version, self.f.max_staleness)
 
     def request(self, i: int) -> None:
@@ -199,15 +162,23 @@ class Sim:
         return out if f.lengths == "completion" else out * f.n
 
     def _start(self, i: int, pid: int) -> None:
-        a, r = self.actors[i], self.r
+        a, f = self.actors[i], self.f
         self._busy(a)
-        lengths = self._lengths()
-        seqs = self.f.n * (len(a.inflight) + 1)
-        per_seq = r.gen_tokens_per_s / (seqs + r.gen_half_seqs)  # R(S) / S
-        g = _Group(next(self._gid), pid, i, a.version, self.f.n, sum(lengths))
+        lengths, settled, rest = self._lengths(), None, []
+        if f.first_wave:  # adaptive: a first wave; a settled one stops, a mixed one is followed by the rest of N
+            settled = self.rng.random() < f.settled_first
+            lengths, rest = lengths[:f.first_wave], ([] if settled else lengths[f.first_wave:])
+        g = Group(next(self._gid), pid, i, a.version, len(lengths), sum(lengths), settled=settled, rest=rest)
+        self.lags.append(self.version - a.version)
+        self._generate(a, i, g, lengths)
+
+    def _generate(self, a, i: int, g: Group, lengths: list[int]) -> None:
+        """A request of `lengths` for group g on actor i's engine: it lasts its longest completion at the
+        per-sequence rate of the sequences the engine then holds."""
+        seqs = sum(e[1].n for e in a.inflight.values() if e[1] is not g) + len(lengths)
+        per_seq = self.r.gen_tokens_per_s / (seqs + self.r.gen_half_seqs)  # R(S) / S
         end = self.now + max(lengths) / per_seq * self._slow[1]
         a.inflight[g.gid] = [end, g]
-        self.lags.append(self.version - a.version)
         self.at(end, self.group_done, i, g.gid)
         self._contend()
 
@@ -216,9 +187,15 @@ class Sim:
         entry = a.inflight.get(gid)
         if entry is None or entry[0] > self.now + 1e-12:
             return  # lost in a failure, or postponed by a pause (a later event is queued)
+        g = entry[1]
+        if g.rest:  # adaptive: the first wave was mixed, the rest of N follows on the same engine
+            rest, g.rest = g.rest, []
+            g.n, g.n_tokens = g.n + len(rest), g.n_tokens + sum(rest)
+            self._generate(a, i, g, rest)
+            return
         del a.inflight[gid]
         self._contend()
-        self.generated += self.f.n
+        self.generated += entry[1].n
         self.at(self.now + self.r.score_s_per_group, self.arrive, entry[1])
         self._maybe_idle(a)
         if a.draining and not a.inflight and self.updating:
@@ -257,11 +234,11 @@ class Sim:
             self.at(self.now + self.rng.expovariate(1 / self.f.mtbf_s), self.fail, i)
 
     # ------------------------------------------------------------------ the learner
-    def arrive(self, g: _Group) -> None:
+    def arrive(self, g: Group) -> None:
         d = self.dispatcher
         if not d.claim(g.pid, str(g.actor)):
             return  # its lease went elsewhere (the actor failed): generated, never trained
-        kept = self.rng.random() < self.f.keep_rate
+        kept = not g.settled if g.settled is not None else self.rng.random() < self.f.keep_rate
         self.received += 1
         if not kept:
             self.settled.append(g.pid)

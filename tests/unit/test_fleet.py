@@ -253,3 +253,29 @@ def test_steps_can_vary_as_the_measured_ones_did():
     assert 1.0 < train_s_per_step((1.0, 5.0)) < 5.0  # drawn, not averaged away or fixed
     rows = [{"train_s": 0.1 + 0.001 * t * f, "train_tokens": t} for t, f in ((100, 1), (200, 3), (300, 1))]
     assert step_spread(rows, 0.001, 0.1, 0.0) == pytest.approx((1.0, 0.7 / 0.3, 1.0))
+
+
+@pytest.mark.parametrize("mode", ["finish", "keep"])
+def test_adaptive_rollouts_spend_a_first_wave_on_settled_prompts_and_two_waves_on_the_rest(mode):
+    """`first_wave`: a settled prompt costs its first wave and is dropped; a mixed one holds the engine for its
+    first wave, then the rest of N, and is kept. Every group generated is one of those two sizes, and at the
+    same settled share as fixed N's dropped share, more of what is generated is trained."""
+    sim = Sim(small(n=32, first_wave=4, settled_first=0.5, in_flight=mode, length_sigma=0.5, steps=30))
+    sizes: list[tuple[int, bool]] = []
+    arrive = sim.arrive
+
+    def spy(g):
+        sizes.append((g.n, g.settled))
+        arrive(g)
+    sim.arrive = spy
+    res = sim.run()
+    assert sizes and {n for n, _ in sizes} == {4, 32} and all((n == 4) == settled for n, settled in sizes)
+    assert 0.3 < sum(s for _, s in sizes) / len(sizes) < 0.7
+    fixed = simulate(small(n=32, keep_rate=0.5, in_flight=mode, length_sigma=0.5, steps=30))
+    assert res.trained_samples_per_s / res.samples_per_s > fixed.trained_samples_per_s / fixed.samples_per_s
+
+
+def test_without_a_first_wave_the_adaptive_settings_change_nothing():
+    """Fixed N ignores the adaptive rule's settings and draws no random number for them."""
+    a, b = simulate(small(length_sigma=0.5)), simulate(small(length_sigma=0.5, settled_first=0.9))
+    assert a == b
