@@ -242,7 +242,7 @@ def _adaptive(d: dict) -> Table:
     for r in d["table"]:
         t = d["tests"].get(f"pass@1: {r['arm']} vs fixed N=512")
         test = "—" if t is None else (f"{100 * t['mean_diff']:+.1f} points, t = {t['t']:.2f}, "
-                                      f"p = {t['p']:.2g}").replace("-", "−")
+                                      f"p {'< 1e-15' if t['p'] < 1e-15 else f'= {t[chr(112)]:.2g}'}").replace("-", "−")
         rows.append([r["arm"], str(r["steps"]), f"{_pm(r['pass@1 start %'])} → {_pm(r['pass@1 end %'])}",
                      _pm(r["gain (points)"], sign=True), test,
                      f"{_pm(r[f'pass@{k} start %'])} → {_pm(r[f'pass@{k} end %'])}", _pm(r["generated"], digits=0),
@@ -289,6 +289,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "actor-runs": (tuple(f"{f}.json" for f in ACTOR_RUNS), _actor_runs),
     "bro-vs-pro": ("bro_vs_pro.json", _bro_vs_pro),
     "saturation": ("saturation.json", _saturation),
+    "adaptive-saturated": ("adaptive_saturated.json", _adaptive),
     "adaptive-saturated-quick": ("adaptive_saturated_quick.json", _adaptive),
     "learner-gpu-mfu": ("learner_gpu.json", _learner_mfu),
     "learner-gpu-mfu-h200": ("learner_gpu_h200.json", _learner_mfu),
