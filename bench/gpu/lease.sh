@@ -70,6 +70,7 @@ else
   # two or more GPUs: first the whole loop against the raw engine (1 learner GPU + 1 actor GPU), the learner at
   # its best one-GPU settings (bench.learner's 46.6 % MFU case) so its MFU is read from the loop's own steps,
   # with the compiler's recompilations logged; then the gpu tests; then the presets' and a user's data tests
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$R/apps_before.csv" 2>&1
   (while sleep 30; do runs; done) &
   snap=$!
   # (with learner.logprob_recompute = false the learner ran out of memory at step 2 on 2026-11-29, before it
@@ -87,6 +88,12 @@ else
   step userdata env CUDA_VISIBLE_DEVICES=1 $PT tests/gpu/test_user_data_gpu.py &
   b=$!
   wait $a $b  # not a bare `wait`: it would wait for the nvidia-smi sampler too, forever
+  # P1a hypothesis (the loop's engine steps slower than the raw engine's at the same load): every process's
+  # CPU threads bounded, N = 16 only; compare engine_steps_per_busy_s with the first run's
+  step e2e_threads env CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=4 python3 -m bench.e2e --shape qwen2-1.5b \
+       --cases 1:16:keep --steps 6 --raw-steps 4 --tag "${TAG}x2_omp4" --set learner.backend=torch \
+       --set learner.activation_checkpointing=false --set learner.micro_batch_tokens=32768
+  keep_bench "e2e_${TAG}x2_omp4*"
 fi
 kill $smi 2>/dev/null
 pack
