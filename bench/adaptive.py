@@ -1,6 +1,6 @@
 """Adaptive rollouts against fixed N, on CPU: held-out gain per generated sample.
 
-    python -m bench.adaptive [--quick] [--seeds 3] [--from-saturated]
+    python -m bench.adaptive [--quick] [--seeds 3] [--from-saturated] [--eta0]
 
 The tiny model after its warm start (the default job's), the synthetic arithmetic task, every run
 `run.reproducible` (one actor, K = 0). Three arms, the same trained samples each (`--train-samples`):
@@ -41,13 +41,20 @@ ARMS = {
     "adaptive N=512, n0=16": {"job.n_samples": 512, "job.prompts_per_step": 4, "actor.prompts_per_request": 4,
                               "job.rollouts": "adaptive", "job.first_wave": 16},
 }
-SLUGS = {"fixed N=16": "fixed16", "fixed N=512": "fixed512", "adaptive N=512, n0=16": "adaptive512"}
+ETA0 = {"fixed N=512, η0": "fixed N=512", "adaptive N=512, n0=16, η0": "adaptive N=512, n0=16"}
+"""With --eta0: the N = 512 arms again at fixed N = 16's rate (no √ scaling), which separates the rollout
+allocation from the step size (at the √-scaled rate both N = 512 arms collapsed from the saturated start)."""
+SLUGS = {"fixed N=16": "fixed16", "fixed N=512": "fixed512", "adaptive N=512, n0=16": "adaptive512",
+         "fixed N=512, η0": "fixed512-eta0", "adaptive N=512, n0=16, η0": "adaptive512-eta0"}
 
 
 def overrides(arm: str, train_samples: int, seed: int, eval_prompts: int, start: Path | None = None) -> dict:
     """An arm's run: from the warm start, or (`start`) a checkpoint's weights and AdamW state."""
-    o = ARMS[arm]
-    steps = max(1, train_samples // (o["job.n_samples"] * o["job.prompts_per_step"]))
+    o = ARMS[ETA0.get(arm, arm)]
+    per_step = o["job.n_samples"] * o["job.prompts_per_step"]
+    steps = max(1, train_samples // per_step)
+    if arm in ETA0:
+        o = {**o, "learner.lr_base_samples": per_step}  # the rate as is, not √-scaled
     if start is not None:
         o = {**o, "model.path": str(start / "model"), "learner.init_from": str(start)}
     return {**COMMON, **o, "learner.steps": steps, "run.eval_prompts": eval_prompts,
@@ -71,6 +78,7 @@ def main() -> None:
     ap.add_argument("--train-samples", type=int, default=30_720, help="trained samples per arm")
     ap.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts per seed")
     ap.add_argument("--reuse", action="store_true", help="reuse finished runs of the same settings")
+    ap.add_argument("--eta0", action="store_true", help="also the N = 512 arms at N = 16's rate (no √ scaling)")
     ap.add_argument("--from-saturated", action="store_true",
                     help="start every arm from the end of bench.saturation's phase 1 (run that first): a model "
                          "trained until many prompts are all right or all wrong at 16 samples")
@@ -83,25 +91,26 @@ def main() -> None:
     start = saturated_start() if args.from_saturated else None
     out = (OUT / "quick" if args.quick else OUT) / ("saturated" if start else "warm")
     run, k = Runner(out, args.reuse), COMMON["run.eval_samples"]
+    arms = [*ARMS, *(ETA0 if args.eta0 else ())]
     runs = []
     for seed in range(args.seeds):
-        for arm in ARMS:
+        for arm in arms:
             o = overrides(arm, args.train_samples, seed, args.eval_prompts, start)
             print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
             r = record(arm, seed, run(f"{SLUGS[arm]}-s{seed}", o), k)
             r["gain_per_msample"] = 1e6 * r["gain"] / max(1.0, r["generated"])  # points·10⁻² per million generated
             runs.append(r)
-    t = tests(runs, ARMS, "fixed N=512", k)
-    table_rows = rows(runs, ARMS, k, {"gain per 10⁶ generated": ("gain_per_msample", 100)})
+    t = tests(runs, arms, "fixed N=512", k)
+    table_rows = rows(runs, arms, k, {"gain per 10⁶ generated": ("gain_per_msample", 100)})
     print(f"\n{args.seeds} seed(s), {args.train_samples} trained samples per arm, mean ± std over seeds")
     print(table(table_rows, list(table_rows[0])))
     print("\nPaired tests over (seed, prompt) instances, per-prompt pass rate (b − a)")
     print(table([{"comparison": name, **v} for name, v in t.items()], ["comparison", "n", "mean_diff", "t", "p"]))
     name = "adaptive" + ("_saturated" if start else "") + ("_quick" if args.quick else "")
     path = write_json(name, {"start": str(start.relative_to(ROOT)) if start else "the warm start",
-        "train_samples": args.train_samples, "eval_prompts": args.eval_prompts, "k": k, "arms": ARMS,
+        "train_samples": args.train_samples, "eval_prompts": args.eval_prompts, "k": k, "arms": ARMS, "eta0_arms": list(ETA0) if args.eta0 else [],
         "common": COMMON, "runs": runs, "table": table_rows, "tests": t, "reproducible": True})
-    plot_runs(runs, ARMS, path.with_suffix(".png"),
+    plot_runs(runs, arms, path.with_suffix(".png"),
               "Adaptive rollouts against fixed N, the same trained samples; one line per seed")
     print(f"\nwrote {path}")
 
