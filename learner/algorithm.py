@@ -36,7 +36,7 @@ def dynamic_sampling_mask(correct: torch.Tensor, valid: torch.Tensor | None = No
     """DAPO dynamic sampling: keep group g iff 0 < #correct(g) < N(g).
 
     correct: bool[G, N]  — whether completion i of group g is correct.
-    valid:   bool[G, N]  — groups of varying size (`actor.rollouts = "adaptive"`): which slots hold one.
+    valid:   bool[G, N]  — groups of varying size (`job.rollouts = "adaptive"`): which slots hold one.
     returns: bool[G]     — True for groups that carry a learning signal.
     """
     if correct.ndim != 2:

@@ -63,7 +63,7 @@ def plan_step(groups: list[TrainGroup], cfg: LearnerConfig, *, world: int, gener
     counted with `reuse_old`, the reference forward with `reference`) and every rank's share."""
     if not groups:
         raise ValueError("groups is empty: a step needs at least one group")
-    # groups may differ in size (`actor.rollouts = "adaptive"`): [G, N] tensors padded to the largest, `valid`
+    # groups may differ in size (`job.rollouts = "adaptive"`): [G, N] tensors padded to the largest, `valid`
     # marking the completions
     sizes = torch.tensor([len(g.rewards) for g in groups])
     valid = torch.arange(int(sizes.max())) < sizes[:, None]
