@@ -16,7 +16,7 @@ import pytest
 
 from cli.cluster import RayLauncher
 from learner.ledger import account, check
-from tests.e2e.test_faults import granted_to, job, steps_done, working
+from tests.support.faults import granted_to, job, steps_done, working
 from transport.ports import free_port, free_ports
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -16,7 +16,7 @@ from learner.ledger import account, check
 from cli.launcher import Launcher
 from cli.display import status_lines
 from learner.metrics import read
-from tests.e2e.test_faults import alive, brorl_run_process, tree, wait_for
+from tests.support.faults import alive, brorl_run_process, tree, wait_for
 
 
 def _ledger(run_dir: Path) -> list[dict]:
