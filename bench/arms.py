@@ -2,7 +2,8 @@
 share. A run is reused (`--reuse`) only if it finished with exactly the same overrides; each finished run
 becomes a record (held-out pass@1 and pass@k at start and end, generated and trained samples, the pass rate,
 wall time, per-prompt correct counts); arms are compared by paired tests over (seed, prompt) instances
-and summarised as mean ± std over seeds."""
+and summarised as mean ± std over seeds. `Records` keeps the finished records of a long experiment in a file
+beside its results, so that it can go on over several sessions whose runs/ folders are gone."""
 
 from __future__ import annotations
 
@@ -40,6 +41,44 @@ class Runner:
         res = brorl_run(run_dir, o, timeout=self.timeout)
         done.write_text(json.dumps(o, indent=1, sort_keys=True))
         return res
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Records:
+    """Finished runs' records, one JSON line each (name, overrides, record), in a file kept with the results
+    (bench/results/NAME_runs.jsonl). With `reuse`, a run of the same name and exactly the same overrides
+    (paths under the checkout written relative to it) is read back instead of run again: the runs are
+    `run.reproducible` (a pure function of their command), so a record from an earlier session stands for a
+    run of today's. A later line of a name replaces an earlier one."""
+
+    def __init__(self, path: Path, reuse: bool):
+        self.path, self.reuse = path, reuse
+        self.lines = {}
+        if not reuse:  # a fresh experiment: its records start over
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
+        elif path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    d = json.loads(line)
+                    self.lines[d["name"]] = d
+
+    @staticmethod
+    def key(o: dict) -> dict:
+        return json.loads(json.dumps(o).replace(json.dumps(str(ROOT))[1:-1], "."))
+
+    def get(self, name: str, o: dict) -> dict | None:
+        d = self.lines.get(name)
+        return d["record"] if d is not None and d["overrides"] == self.key(o) else None
+
+    def put(self, name: str, o: dict, rec: dict) -> dict:
+        d = {"name": name, "overrides": self.key(o), "record": rec}
+        self.lines[name] = d
+        with self.path.open("a") as f:
+            f.write(json.dumps(d) + "\n")
+        return rec
 
 
 def record(arm: str, seed: int, res: dict, k: int) -> dict:

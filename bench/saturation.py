@@ -104,33 +104,54 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.pro_steps, args.train_samples, args.eval_prompts = 1, 40, 4096, 32
-    from bench.arms import Runner, plot_runs, record, rows as arm_rows, tests as arm_tests
-    from bench.common import table, write_json
+    from bench.arms import Records, Runner, plot_runs, record, rows as arm_rows, tests as arm_tests
+    from bench.common import RESULTS, table, write_json
 
     out = OUT / "quick" if args.quick else OUT  # a quick run's short phases are never reused by a full one
     run = Runner(out, args.reuse)
+    # the finished records: kept with the results (a full run takes longer than one session), in runs/ if --quick
+    store = Records(out / "records.jsonl" if args.quick else RESULTS / "saturation_runs.jsonl", args.reuse)
 
     k = COMMON["run.eval_samples"]
     arms = {**ARMS, **(ABLATIONS if args.ablations else {})}
     p1 = {**COMMON, **PRO, "learner.steps": args.pro_steps, "learner.lr": BASE_LR, "run.eval_prompts": args.eval_prompts,
           "learner.lr_base_samples": BASE_SAMPLES, "run.eval_interval": EVAL, "learner.checkpoint_interval": EVAL,
           "learner.checkpoint_keep": args.pro_steps // EVAL + 1, "run.seed": 0, "learner.seed": 0}
-    print(f"  phase 1: ProRL up to {args.pro_steps} steps ...", file=sys.stderr, flush=True)
-    phase1 = run("phase1", p1)
-    sat = saturation_step(phase1["heldout"], k)
-    start = sat if sat is not None else phase1["heldout"][-1]["step"]
-    ckpt = out / "phase1" / "checkpoints" / f"step-{start:06d}"
+
+    def plan(held1: list[dict]) -> tuple[int | None, int, list[tuple[str, int, str, dict]]]:
+        sat = saturation_step(held1, k)
+        start = sat if sat is not None else held1[-1]["step"]
+        ckpt = out / "phase1" / "checkpoints" / f"step-{start:06d}"
+        return sat, start, [(arm, seed, f"{SLUGS[arm]}-s{seed}", arm_overrides(arm, ckpt, args.train_samples, seed,
+                                                                                  args.eval_prompts))
+                            for seed in range(args.seeds) for arm in arms]
+
+    stored = store.get("phase1", p1)
+    held1 = stored["heldout"] if stored else None
+    if held1 is None or any(store.get(name, o) is None for _, _, name, o in plan(held1)[2]):
+        print(f"  phase 1: ProRL up to {args.pro_steps} steps ...", file=sys.stderr, flush=True)
+        ran = [{key: h[key] for key in ("step", "generated", "wall_s", "pass_at_1", "correct")}
+               for h in run("phase1", p1)["heldout"]]
+        if held1 is not None and [(h["step"], h["correct"]) for h in ran] != [(h["step"], h["correct"])
+                                                                                for h in held1]:
+            raise SystemExit(f"phase 1 did not reproduce the held-out curve stored in {store.path} (pass@1 "
+                             f"{[h['pass_at_1'] for h in held1]} stored, {[h['pass_at_1'] for h in ran]} now): its "
+                             "phase-2 records started from another model; run again without --reuse")
+        if held1 is None:
+            store.put("phase1", p1, {"heldout": ran})
+        held1 = ran
+    sat, start, planned = plan(held1)
     print(f"  saturated at step {sat} (criterion); phase 2 starts from step {start}", file=sys.stderr, flush=True)
 
     runs = []
-    for seed in range(args.seeds):
-        for arm in arms:
-            o = arm_overrides(arm, ckpt, args.train_samples, seed, args.eval_prompts)
-            print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
-            runs.append(record(arm, seed, run(f"{SLUGS[arm]}-s{seed}", o), k))
+    for arm, seed, name, o in planned:
+        print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
+        rec = store.get(name, o)
+        if rec is not None:
+            print(f"    the record stored in {store.path.name}", file=sys.stderr, flush=True)
+        runs.append(rec or store.put(name, o, record(arm, seed, run(name, o), k)))
     tests = arm_tests(runs, arms, "ProRL (N=16)", k)
     rows = arm_rows(runs, arms, k)
-    held1 = phase1["heldout"]
     print("\nPhase 1 (ProRL): held-out pass@1 by step: "
           + ", ".join(f"{h['step']}: {100 * h['pass_at_1']:.1f}%" for h in held1)
           + f"\nsaturated at step {sat} (no new best of the {WINDOW}-evaluation mean for {PATIENCE} evaluations); phase 2 from step {start}")

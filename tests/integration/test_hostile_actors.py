@@ -194,9 +194,15 @@ async def test_a_member_that_never_joins_the_weight_group_is_left_out_of_the_nex
     a0 = FakeActor(ep, "a0", n_samples=N, seed=6, sec=Security(True, keys, "a0"))
     z0 = FakeActor(ep, "z0", n_samples=N, seed=7, sec=Security(True, keys, "z0"), never_joins=True)
     z0.may_work.clear()  # it only says hello and heartbeats
+    a0.may_work.clear()  # until z0 is a member: a0 alone trains the 4 steps in a second, before z0's first heartbeat
 
     async def attack():
         await z0.start()
+        deadline = time.monotonic() + 30
+        while "z0" not in svc.members.alive():
+            assert time.monotonic() < deadline, f"z0 never alive to the learner: {svc.members.alive()}"
+            await asyncio.sleep(0.02)
+        a0.may_work.set()
         await asyncio.Event().wait()
 
     t0 = time.monotonic()

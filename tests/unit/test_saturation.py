@@ -62,3 +62,20 @@ def test_arms_records_compare_prompt_by_prompt_and_summarise_over_seeds():
     assert t["pass@1: a, end vs start"]["mean_diff"] == 0
     r = rows(runs, ["a", "b"], 16, {"generated ×2": ("generated", 2)})
     assert r[1]["generated"] == "400.0 ± 0.0" and r[1]["generated ×2"] == "800.0 ± 0.0" and r[0]["arm"] == "a"
+
+
+def test_records_outlive_the_run_folders_and_are_reused_only_for_the_same_overrides(tmp_path):
+    from bench.arms import ROOT, Records
+
+    path = tmp_path / "x_runs.jsonl"
+    o = {"job.n_samples": 16, "model.path": str(ROOT / "runs" / "bench" / "p1" / "model")}
+    first = Records(path, reuse=False)
+    first.put("prorl-s0", o, {"gain": 0.1})
+    first.put("prorl-s0", o, {"gain": 0.2})  # a later line of a name replaces the earlier one
+    # paths under the checkout are kept relative to it: another clone's records match
+    assert '"./runs/bench/p1/model"' in path.read_text() and str(ROOT) not in path.read_text()
+    again = Records(path, reuse=True)  # a later session: only the file is left
+    assert again.get("prorl-s0", o) == {"gain": 0.2}
+    assert again.get("prorl-s0", {**o, "job.n_samples": 32}) is None  # other settings: run it again
+    assert again.get("prorl-s1", o) is None
+    assert Records(path, reuse=False).get("prorl-s0", o) is None and path.read_text() == ""  # a fresh experiment
