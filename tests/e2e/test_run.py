@@ -82,8 +82,10 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     # several sequences ran side by side (fewer than a group's N at the tails, as completions end), within the
     # engine's max_num_seqs and KV cache
     from actors.stats import EngineGauge
-    full = EngineGauge.means(rows[1], rows[-1], prefix="actor_")
-    assert rows[-1]["actor_engine_steps"] > rows[1]["actor_engine_steps"] > 0
+    # (both readings from the first run's actor: the resumed job's new actor counts from 0 again)
+    a, b = rows[1], rows[killed_at - 1]
+    full = EngineGauge.means(a, b, prefix="actor_")
+    assert b["actor_engine_steps"] > a["actor_engine_steps"] > 0
     assert 1 < full["mean_running_seqs"] <= cfg.actor.max_num_seqs, full
     assert 0.0 < full["mean_kv_use"] <= 1.0, full
     after = _ledger(run_dir)[len(ledger_before):]
