@@ -67,7 +67,7 @@ def saturated_start() -> Path:
     ckpts = sorted((ROOT / "runs" / "bench" / "saturation" / "phase1" / "checkpoints").glob("step-*"))
     if not ckpts:
         raise SystemExit("--from-saturated: no checkpoint under runs/bench/saturation/phase1/checkpoints; "
-                         "run `python -m bench.saturation` first")
+                         "run `python -m bench.saturation --reuse --phase1` first (phase 1 alone, 11 min)")
     return ckpts[-1]
 
 
@@ -85,20 +85,26 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.train_samples, args.eval_prompts = 1, 4096, 32
-    from bench.arms import Runner, plot_runs, record, rows, tests
-    from bench.common import table, write_json
+    from bench.arms import Records, Runner, plot_runs, record, rows, tests
+    from bench.common import RESULTS, table, write_json
 
     start = saturated_start() if args.from_saturated else None
     out = (OUT / "quick" if args.quick else OUT) / ("saturated" if start else "warm")
+    name = "adaptive" + ("_saturated" if start else "") + ("_quick" if args.quick else "")
     run, k = Runner(out, args.reuse), COMMON["run.eval_samples"]
+    # the finished records, kept with the results (bench.arms.Records): the study goes on over sessions
+    store = Records(out / "records.jsonl" if args.quick else RESULTS / f"{name}_runs.jsonl", args.reuse)
     arms = [*ARMS, *(ETA0 if args.eta0 else ())]
     runs = []
     for seed in range(args.seeds):
         for arm in arms:
             o = overrides(arm, args.train_samples, seed, args.eval_prompts, start)
             print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
-            r = record(arm, seed, run(f"{SLUGS[arm]}-s{seed}", o), k)
-            r["gain_per_msample"] = 1e6 * r["gain"] / max(1.0, r["generated"])  # points·10⁻² per million generated
+            r = store.get(f"{SLUGS[arm]}-s{seed}", o)
+            if r is None:
+                r = record(arm, seed, run(f"{SLUGS[arm]}-s{seed}", o), k)
+                r["gain_per_msample"] = 1e6 * r["gain"] / max(1.0, r["generated"])  # per 10⁶ generated
+                store.put(f"{SLUGS[arm]}-s{seed}", o, r)
             runs.append(r)
     t = tests(runs, arms, "fixed N=512", k)
     table_rows = rows(runs, arms, k, {"gain per 10⁶ generated": ("gain_per_msample", 100)})
@@ -106,7 +112,6 @@ def main() -> None:
     print(table(table_rows, list(table_rows[0])))
     print("\nPaired tests over (seed, prompt) instances, per-prompt pass rate (b − a)")
     print(table([{"comparison": name, **v} for name, v in t.items()], ["comparison", "n", "mean_diff", "t", "p"]))
-    name = "adaptive" + ("_saturated" if start else "") + ("_quick" if args.quick else "")
     path = write_json(name, {"start": str(start.relative_to(ROOT)) if start else "the warm start",
         "train_samples": args.train_samples, "eval_prompts": args.eval_prompts, "k": k, "arms": ARMS, "eta0_arms": list(ETA0) if args.eta0 else [],
         "common": COMMON, "runs": runs, "table": table_rows, "tests": t, "reproducible": True})

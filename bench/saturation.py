@@ -100,7 +100,9 @@ def main() -> None:
     ap.add_argument("--train-samples", type=int, default=61_440, help="phase 2: trained samples per arm")
     ap.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts per seed")
     ap.add_argument("--ablations", action="store_true", help="also N = 128 and N = 64 at ProRL's prompts per step")
-    ap.add_argument("--reuse", action="store_true", help="reuse finished runs under runs/bench/saturation")
+    ap.add_argument("--reuse", action="store_true", help="reuse finished runs (records, runs/)")
+    ap.add_argument("--phase1", action="store_true", help="phase 1 only (its checkpoints start bench.adaptive "
+                    "--from-saturated); with --reuse it must reproduce the stored curve")
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.pro_steps, args.train_samples, args.eval_prompts = 1, 40, 4096, 32
@@ -128,7 +130,7 @@ def main() -> None:
 
     stored = store.get("phase1", p1)
     held1 = stored["heldout"] if stored else None
-    if held1 is None or any(store.get(name, o) is None for _, _, name, o in plan(held1)[2]):
+    if held1 is None or args.phase1 or any(store.get(name, o) is None for _, _, name, o in plan(held1)[2]):
         print(f"  phase 1: ProRL up to {args.pro_steps} steps ...", file=sys.stderr, flush=True)
         ran = [{key: h[key] for key in ("step", "generated", "wall_s", "pass_at_1", "correct")}
                for h in run("phase1", p1)["heldout"]]
@@ -142,6 +144,8 @@ def main() -> None:
         held1 = ran
     sat, start, planned = plan(held1)
     print(f"  saturated at step {sat} (criterion); phase 2 starts from step {start}", file=sys.stderr, flush=True)
+    if args.phase1:
+        return
 
     runs = []
     for arm, seed, name, o in planned:
