@@ -9,7 +9,8 @@ differ by their settings only, and a figure can be rerun exactly.
 Phase 1, ProRL (N = 16, 16 prompts per step, lr 3e-4) for up to `--pro-steps` steps, a held-out estimate
 and a checkpoint every `EVAL` steps. **Saturation criterion:** held-out pass@1 averaged over a window of
 `WINDOW` evaluations has set no new best, by more than twice its sampling noise, for `PATIENCE`
-evaluations. The same prompts are used at every evaluation, so the noise of one estimate is that of k
+evaluations and sets none for the rest of phase 1. The same prompts are used at every evaluation, so the
+noise of one estimate is that of k
 samples per prompt, sqrt(Σ p_i(1 - p_i) / k) / n over the n prompts. Phase 2 starts from the checkpoint
 of the step where the criterion holds (the last one if it never does, which is then said).
 
@@ -64,20 +65,24 @@ def noise(row: dict, k: int) -> float:
 
 
 def saturation_step(held: list[dict], k: int, window: int = WINDOW, patience: int = PATIENCE) -> int | None:
-    """The first evaluated step by which the held-out pass@1, averaged over `window` evaluations, has not
-    set a new best (by more than twice its noise) for `patience` evaluations: progress stopped (or went
-    back); None if that never happens. Window means, not single points: RL on the tiny model swings by
-    several points from one evaluation to the next, and a dip followed by a recovery is not a plateau."""
-    best, best_at = None, 0
+    """The evaluated step by which the held-out pass@1, averaged over `window` evaluations, had set no new best
+    (by more than twice its noise) for `patience` evaluations, *and set none for the rest of phase 1*: progress
+    stopped for good; None if no such step (phase 1 was still improving at its end). Window means, not single
+    points: RL on the tiny model swings by several points from one evaluation to the next, and a dip followed
+    by a recovery is not a plateau. With hindsight, because phase 1 runs to its end anyway: a slow climb whose
+    window means stall for `patience` evaluations and then rise again is not saturated (the first design of
+    this criterion stopped at the first stall and called a model saturated 6 points below where it went on
+    to)."""
+    best, best_at, fired = None, 0, None
     for i in range(window - 1, len(held)):
         win = held[i - window + 1: i + 1]
         mean = statistics.mean(h["pass_at_1"] for h in win)
         sigma = math.sqrt(sum(noise(h, k) ** 2 for h in win)) / window
         if best is None or mean > best + 2 * sigma:
-            best, best_at = mean, i
-        elif i - best_at >= patience:
-            return held[i]["step"]
-    return None
+            best, best_at, fired = mean, i, None
+        elif fired is None and i - best_at >= patience:
+            fired = held[i]["step"]
+    return fired
 
 
 def arm_overrides(arm: str, start: Path, train_samples: int, seed: int, eval_prompts: int) -> dict:

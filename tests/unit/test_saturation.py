@@ -34,6 +34,12 @@ def test_saturation_is_where_the_window_mean_sets_no_new_best_for_a_while():
     swing = [row(20 * i, p) for i, p in enumerate([0.1, 0.2, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1, 0.4, 0.4, 0.4, 0.4]
                                                    + [0.4] * 6)]
     assert saturation_step(swing, K) == 340
+    # a stall of 10 evaluations, then a climb of 20 points: the stall was not saturation (the first firing, at
+    # step 220, is withdrawn); the plateau after the climb is, once it has lasted the patience
+    stall = [0.1, 0.2, 0.3] + [0.3] * 10
+    assert saturation_step([row(20 * i, p) for i, p in enumerate(stall + [0.5] * 10)], K) == 440
+    assert saturation_step([row(20 * i, p) for i, p in enumerate(stall + [0.5] * 4)], K) is None  # still climbing
+    assert saturation_step([row(20 * i, p) for i, p in enumerate(stall)], K) == 220
 
 
 def test_paired_test_signs_and_significance():
