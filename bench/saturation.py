@@ -85,6 +85,16 @@ def saturation_step(held: list[dict], k: int, window: int = WINDOW, patience: in
     return fired
 
 
+def start_model_sha() -> str:
+    """SHA-256 of phase 1's start, the preset's model (built by `brorl run` where it is missing): a record
+    from another session is only worth reusing from the same start."""
+    import hashlib
+
+    from config.loader import load_config
+
+    return hashlib.sha256((ROOT / load_config("tiny-cpu").model.path / "model.safetensors").read_bytes()).hexdigest()
+
+
 def arm_overrides(arm: str, start: Path, train_samples: int, seed: int, eval_prompts: int) -> dict:
     """An arm of phase 2: phase 1's checkpoint `start` continued (its weights and AdamW state)."""
     o, scaled = {**ARMS, **ABLATIONS}[arm]
@@ -139,13 +149,17 @@ def main() -> None:
         print(f"  phase 1: ProRL up to {args.pro_steps} steps ...", file=sys.stderr, flush=True)
         ran = [{key: h[key] for key in ("step", "generated", "wall_s", "pass_at_1", "correct")}
                for h in run("phase1", p1)["heldout"]]
+        sha = start_model_sha()
         if held1 is not None and [(h["step"], h["correct"]) for h in ran] != [(h["step"], h["correct"])
                                                                                 for h in held1]:
+            was = stored.get("model_sha256")
+            why = (f"its start differs: the preset's model hashes {sha[:12]} now, {was[:12]} when stored"
+                   if was and was != sha else "from the same start model (the code has changed since?)")
             raise SystemExit(f"phase 1 did not reproduce the held-out curve stored in {store.path} (pass@1 "
-                             f"{[h['pass_at_1'] for h in held1]} stored, {[h['pass_at_1'] for h in ran]} now): its "
-                             "phase-2 records started from another model; run again without --reuse")
-        if held1 is None:
-            store.put("phase1", p1, {"heldout": ran})
+                             f"{[h['pass_at_1'] for h in held1]} stored, {[h['pass_at_1'] for h in ran]} now), "
+                             f"{why}: its phase-2 records started from another model; run again without --reuse")
+        if held1 is None or "model_sha256" not in stored:
+            store.put("phase1", p1, {"heldout": ran, "model_sha256": sha})
         held1 = ran
     sat, start, planned = plan(held1)
     print(f"  saturated at step {sat} (criterion); phase 2 starts from step {start}", file=sys.stderr, flush=True)
