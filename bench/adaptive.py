@@ -100,12 +100,12 @@ def main() -> None:
         for arm in arms:
             o = overrides(arm, args.train_samples, seed, args.eval_prompts, start)
             print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
-            r = store.get(f"{SLUGS[arm]}-s{seed}", o)
-            if r is None:
-                r = record(arm, seed, run(f"{SLUGS[arm]}-s{seed}", o), k)
+            def make(name=f"{SLUGS[arm]}-s{seed}", arm=arm, seed=seed, o=o) -> dict:
+                r = record(arm, seed, run(name, o), k)
                 r["gain_per_msample"] = 1e6 * r["gain"] / max(1.0, r["generated"])  # per 10⁶ generated
-                store.put(f"{SLUGS[arm]}-s{seed}", o, r)
-            runs.append(r)
+                return r
+
+            runs.append(store.get_or_run(f"{SLUGS[arm]}-s{seed}", o, make))
     t = tests(runs, arms, "fixed N=512", k)
     table_rows = rows(runs, arms, k, {"gain per 10⁶ generated": ("gain_per_msample", 100)})
     print(f"\n{args.seeds} seed(s), {args.train_samples} trained samples per arm, mean ± std over seeds")

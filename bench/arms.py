@@ -54,7 +54,7 @@ class Records:
     run of today's. A later line of a name replaces an earlier one."""
 
     def __init__(self, path: Path, reuse: bool):
-        self.path, self.reuse = path, reuse
+        self.path = path
         self.lines = {}
         if not reuse:  # a fresh experiment: its records start over
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,6 +72,14 @@ class Records:
     def get(self, name: str, o: dict) -> dict | None:
         d = self.lines.get(name)
         return d["record"] if d is not None and d["overrides"] == self.key(o) else None
+
+    def get_or_run(self, name: str, o: dict, make) -> dict:
+        """The stored record of `name` with overrides `o`, or `make()`'s, stored."""
+        rec = self.get(name, o)
+        if rec is not None:
+            print(f"    the record stored in {self.path.name}", file=sys.stderr, flush=True)
+            return rec
+        return self.put(name, o, make())
 
     def put(self, name: str, o: dict, rec: dict) -> dict:
         d = {"name": name, "overrides": self.key(o), "record": rec}

@@ -169,10 +169,7 @@ def main() -> None:
     runs = []
     for arm, seed, name, o in planned:
         print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
-        rec = store.get(name, o)
-        if rec is not None:
-            print(f"    the record stored in {store.path.name}", file=sys.stderr, flush=True)
-        runs.append(rec or store.put(name, o, record(arm, seed, run(name, o), k)))
+        runs.append(store.get_or_run(name, o, lambda: record(arm, seed, run(name, o), k)))
     tests = arm_tests(runs, arms, "ProRL (N=16)", k)
     rows = arm_rows(runs, arms, k)
     print("\nPhase 1 (ProRL): held-out pass@1 by step: "

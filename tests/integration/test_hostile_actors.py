@@ -18,7 +18,7 @@ import zmq.asyncio
 
 from learner.metrics import read
 from learner.service import LearnerService
-from tests.integration.test_learner_service import B, N, job
+from tests.integration.test_learner_service import B, N, job, until_alive
 from tests.support.fake_actor import FakeActor
 from transport import security, wire
 from transport.security import generate
@@ -198,10 +198,7 @@ async def test_a_member_that_never_joins_the_weight_group_is_left_out_of_the_nex
 
     async def attack():
         await z0.start()
-        deadline = time.monotonic() + 30
-        while "z0" not in svc.members.alive():
-            assert time.monotonic() < deadline, f"z0 never alive to the learner: {svc.members.alive()}"
-            await asyncio.sleep(0.02)
+        await until_alive(svc, {"a0", "z0"})
         a0.may_work.set()
         await asyncio.Event().wait()
 

@@ -30,6 +30,14 @@ def job(model_dir: str, run_dir: Path, steps: int = 4, **over):
         "transport.heartbeat_timeout_s": 2.0, **over})
 
 
+async def until_alive(svc: LearnerService, ids: set[str], timeout_s: float = 30.0) -> None:
+    """Wait until the learner counts exactly `ids` alive (a hello is no sign of life; a heartbeat is)."""
+    deadline = time.monotonic() + timeout_s
+    while set(svc.members.alive()) != ids:
+        assert time.monotonic() < deadline, f"actors alive: {svc.members.alive()}"
+        await asyncio.sleep(0.02)
+
+
 async def run_job(cfg, actors, during=None, timeout_s=120.0) -> LearnerService:
     svc = LearnerService(cfg)
     service = asyncio.create_task(svc.run(), name="service")
@@ -39,10 +47,7 @@ async def run_job(cfg, actors, during=None, timeout_s=120.0) -> LearnerService:
         for a in actors:
             a.may_work.clear()
         await asyncio.gather(*(a.start() for a in actors))
-        deadline = time.monotonic() + 30
-        while set(svc.members.alive()) != {a.actor_id for a in actors}:
-            assert time.monotonic() < deadline, f"actors alive: {svc.members.alive()}"
-            await asyncio.sleep(0.02)
+        await until_alive(svc, {a.actor_id for a in actors})
         for a in actors:
             a.may_work.set()
         if during is not None:
