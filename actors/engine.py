@@ -73,7 +73,7 @@ def make_async_engine(cfg, gauge=None):
 
 def _gauge_logger(gauge):
     """A vLLM stat logger class (vLLM builds it with the engine's config) that hands each step's scheduler
-    stats to `gauge`. vLLM passes `record` keyword arguments that differ between versions: read one."""
+    and iteration stats to `gauge`. vLLM passes `record` arguments that differ between versions: read two."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class GaugeLogger(StatLoggerBase):
@@ -81,7 +81,7 @@ def _gauge_logger(gauge):
             pass
 
         def record(self, scheduler_stats=None, iteration_stats=None, *args, **kwargs):
-            gauge.record(scheduler_stats)
+            gauge.record(scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self):
             pass

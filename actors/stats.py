@@ -21,9 +21,13 @@ class EngineGauge:
         self.waiting = 0
         self.kv_use = 0.0
         self.max_running = 0
+        self.prefill_steps = 0
+        self.gen_tokens = 0
 
-    def record(self, scheduler_stats) -> None:
-        """One engine step's `vllm.v1.metrics.stats.SchedulerStats` (None: a batch of outputs without stats)."""
+    def record(self, scheduler_stats, iteration_stats=None) -> None:
+        """One engine step's `vllm.v1.metrics.stats.SchedulerStats` (None: a batch of outputs without stats)
+        and, where vLLM passes it, its `IterationStats`: the tokens the step generated, and whether a prompt
+        finished its prefill in it (a step that mixes prefill with decoding runs slower than a pure decode step)."""
         if scheduler_stats is None:
             return
         self.steps += 1
@@ -31,19 +35,28 @@ class EngineGauge:
         self.waiting += scheduler_stats.num_waiting_reqs
         self.kv_use += scheduler_stats.kv_cache_usage
         self.max_running = max(self.max_running, scheduler_stats.num_running_reqs)
+        if iteration_stats is not None:
+            self.prefill_steps += getattr(iteration_stats, "num_prompt_tokens", 0) > 0
+            self.gen_tokens += getattr(iteration_stats, "num_generation_tokens", 0)
 
     def counters(self) -> dict[str, float]:
-        """Cumulative: engine steps, and the sums over them of running sequences, waiting ones, KV-cache use."""
+        """Cumulative: engine steps; the sums over them of running sequences, waiting ones, KV-cache use and
+        generated tokens; the steps in which a prompt was prefilled."""
         return {"engine_steps": self.steps, "running_seqs": self.running, "waiting_seqs": self.waiting,
-                "kv_use": self.kv_use}
+                "kv_use": self.kv_use, "prefill_steps": self.prefill_steps, "gen_tokens": self.gen_tokens}
 
     @staticmethod
     def means(before: dict, after: dict, prefix: str = "") -> dict[str, float]:
         """Per-step means between two readings of `counters()` (keys with `prefix`, e.g. the learner's
-        `actor_`): running and waiting sequences, KV-cache use (0–1); 0 where no step ran."""
+        `actor_`): running and waiting sequences, KV-cache use (0–1), the share of steps with a prefill and
+        the tokens generated per step; 0 where no step ran."""
         steps = after.get(f"{prefix}engine_steps", 0) - before.get(f"{prefix}engine_steps", 0)
         return {f"mean_{k}": (after.get(f"{prefix}{k}", 0) - before.get(f"{prefix}{k}", 0)) / steps if steps else 0.0
-                for k in ("running_seqs", "waiting_seqs", "kv_use")}
+                for k in GAUGED}
+
+
+GAUGED = ("running_seqs", "waiting_seqs", "kv_use", "prefill_steps", "gen_tokens")
+"""The gauge's per-step sums (`EngineGauge.counters`, besides the step count): their means are `mean_<name>`."""
 
 
 @dataclass

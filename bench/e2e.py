@@ -45,10 +45,10 @@ WARM = 2  # steps left out of the steady state (the first wait for the engines' 
 
 
 def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update: str = "keep",
-        first_gpu: int = 0, learner_gpus: int = 1) -> tuple[str, dict]:
-    """(preset, overrides) of the measured job: N = `n` with `SAMPLES_PER_STEP` // n prompts per step (the
-    same samples per step whatever N), updates applied as `update`; its GPUs from `first_gpu` on: the
-    learner's `learner_gpus` (DeepSpeed ZeRO-2 ranks), then one per actor."""
+        first_gpu: int = 0, learner_gpus: int = 1, samples: int = SAMPLES_PER_STEP) -> tuple[str, dict]:
+    """(preset, overrides) of the measured job: N = `n` with `samples` // n prompts per step (the same
+    samples per step whatever N), updates applied as `update`; its GPUs from `first_gpu` on: the learner's
+    `learner_gpus` (DeepSpeed ZeRO-2 ranks), then one per actor."""
     from transport.ports import free_ports
 
     port = free_ports(3)  # jobs may run side by side
@@ -62,7 +62,7 @@ def job(shape: str, actors: int, steps: int, model: str, *, n: int = 16, update:
         return "tiny-cpu", {**common, "model.dtype": "float32", "job.prompts_per_step": b,
                             "actor.prompts_per_request": b, "actor.max_tokens": 64, "actor.length_median": 24,
                             "actor.max_model_len": 256}
-    b = max(1, SAMPLES_PER_STEP // n)
+    b = max(1, samples // n)
     # the preset scores the answer after the model's `</think>`: a random-weight model never writes one, and
     # every group would be all-wrong (the throughput task scores the whole completion)
     return "brorl-1.5b", {**common, "data.reasoning_end": "", "job.prompts_per_step": b, "actor.prompts_per_request": b,
@@ -205,6 +205,9 @@ def main() -> None:
                          "e.g. --set learner.compile=false; repeatable")
     ap.add_argument("--share-gpu", action="store_true", help="the learner and the actor on GPU 0 (one-GPU machines: "
                     "weights over gloo, a 24 GiB KV cache, the engine at most 0.45 of the card; config/placement.py)")
+    ap.add_argument("--samples-per-step", type=int, default=SAMPLES_PER_STEP,
+                    help="GPUs: samples a step holds (N = 512: one prompt per 512; more prompts a step keep the "
+                         "engine full instead of draining it to one prompt's longest completion)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--raw-steps", type=int, default=4, help="steps' worth of prompts the raw engine generates")
     ap.add_argument("--tag", default="")
@@ -237,7 +240,7 @@ def main() -> None:
             ap.error(f"--cases {a.cases!r}: expected ACTORS:N:keep|finish, comma-separated")
     raws = {}
     for n in sorted({n for _, n, _ in cases}):
-        preset, over = job(a.shape, 1, a.steps, model, n=n)
+        preset, over = job(a.shape, 1, a.steps, model, n=n, samples=a.samples_per_step)
         over.update(a.overrides)
         raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["job.prompts_per_step"],
                                  min(1, gpus - 1) if gpu else None)}  # an actor's GPU (GPU 0 on a one-GPU machine)
@@ -262,13 +265,15 @@ def main() -> None:
         path = _write(a, model, raws, runs)  # after every batch: a sweep cut short keeps what finished
     print("\nRaw engine (one " + ("GPU" if gpu else "CPU engine") + ")")
     print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s", "engine_steps_per_s",
-                                      "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use"]))
+                                      "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use", "mean_prefill_steps",
+                                      "mean_gen_tokens"]))
     print("\nbrorl run (steady state)")
     print(table(runs, ["learner_gpus", "actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
                        "actor_idle_share", "busy_of_raw", "tokens_of_raw", "busy_tokens_of_raw",
                        "engine_steps_per_busy_s", "learner_wait_share", "train_s_per_step",
                        "broadcast_s_per_step", "kept_share", "aborted_stale_requests", "learner_mfu",
-                       "compiled_frames_after_step_1", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use"]))
+                       "compiled_frames_after_step_1", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use",
+                       "mean_prefill_steps", "mean_gen_tokens"]))
     path = _write(a, model, raws, runs)
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
 
@@ -283,9 +288,9 @@ def of_raw_tokens(r: dict, raw_row: dict) -> None:
 def _write(a, model: str, raws: dict, runs: list[dict]):
     from bench.common import write_json
 
-    preset, over = job(a.shape, 1, a.steps, model)
+    preset, over = job(a.shape, 1, a.steps, model, samples=a.samples_per_step)
     path = write_json("e2e" + (f"_{a.tag}" if a.tag else ""), {
-        "shape": a.shape, "samples_per_step": SAMPLES_PER_STEP if a.shape != "small" else 128,
+        "shape": a.shape, "samples_per_step": a.samples_per_step if a.shape != "small" else 128,
         "command": "python -m bench.e2e " + " ".join(sys.argv[1:]),
         "job": {"preset": preset, **{k: v for k, v in {**over, **a.overrides}.items()
                                      if "port" not in k and k != "model.path"}},
@@ -317,7 +322,7 @@ def _gpus() -> int:
 def _one(a, model: str, case: tuple[int, int, str], first_gpu: int) -> dict:
     n_act, n, up = case
     preset, over = job(a.shape, n_act, a.steps, model, n=n, update=up, first_gpu=first_gpu,
-                       learner_gpus=a.learner_gpus)
+                       learner_gpus=a.learner_gpus, samples=a.samples_per_step)
     over.update(a.overrides)
     if a.shape == "small":
         over = {k: v for k, v in over.items() if k not in ("learner.gpus", "actor.gpus", "learner.devices", "learner.device")}

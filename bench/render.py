@@ -200,7 +200,8 @@ def _learner_shared(d: dict) -> Table:
 
 
 ARM_NAMES = {"ProRL (N=16)": "ProRL (N = 16)", "BroRL (N=512)": "BroRL (N = 512), √-scaled lr",
-             "BroRL (N=512, η0)": "BroRL (N = 512), ProRL's lr"}
+             "BroRL (N=512, η0)": "BroRL (N = 512), ProRL's lr", "BroRL (N=128)": "N = 128, 16 prompts, √-scaled lr",
+             "BroRL (N=64)": "N = 64, 16 prompts, √-scaled lr", "BroRL (N=128, η0)": "N = 128, 16 prompts, ProRL's lr"}
 
 
 def _pm(text: str, scale: float = 1.0, digits: int = 1, sign: bool = False) -> str:
@@ -221,20 +222,36 @@ def _bro_vs_pro(d: dict) -> Table:
 
 
 def _saturation(d: dict) -> Table:
+    """Phase 2's arms: pass@1 and pass@k (k = the held-out samples per prompt), each with its paired test
+    (continued ProRL: its end against its start; the others: against continued ProRL's end), what they
+    generated, and (from the second design on) how far each update moved the policy."""
+    k = d.get("k")
     rows = []
+
+    def test(arm: str, what: str) -> str:
+        pro = arm.startswith("ProRL")  # (results before pass@k named the tests without "pass@1: ")
+        t = (d["tests"].get(f"{what}: {arm}, end vs start") or d["tests"].get(f"{arm}: end vs start") if pro
+             else d["tests"].get(f"{what}: {arm} vs ProRL (N=16)") or d["tests"].get(arm))
+        return "—" if t is None else (f"{'end vs start: ' if pro else ''}{100 * t['mean_diff']:+.1f} points, "
+                                      f"t = {t['t']:.2f}, p {'< 1e-15' if t['p'] < 1e-15 else f'= {t[chr(112)]:.2g}'}"
+                                      ).replace("-", "−")
+
+    stats = all("update KL" in r for r in d["table"])
     for r in d["table"]:
-        pro = r["arm"].startswith("ProRL")  # (results before pass@k named the tests without "pass@1: ")
-        t = (d["tests"].get(f"pass@1: {r['arm']}, end vs start") or d["tests"].get(f"{r['arm']}: end vs start") if pro
-             else d["tests"].get(f"pass@1: {r['arm']} vs ProRL (N=16)") or d["tests"].get(r["arm"]))
-        test = "—" if t is None else (f"{'end vs start: ' if r['arm'].startswith('ProRL') else ''}"
-                                      f"{100 * t['mean_diff']:+.1f} points, t = {t['t']:.2f}, "
-                                      f"p {'< 1e-15' if t['p'] < 1e-15 else f'= {t[chr(112)]:.2g}'}").replace("-", "−")
+        at_k = [f"{_pm(r[f'pass@{k} start %'])} → {_pm(r[f'pass@{k} end %'])}", test(r["arm"], f"pass@{k}")] \
+            if k and f"pass@{k} start %" in r else []
+        moves = [_pm(r["update KL"], digits=3), f"{_pm(r['entropy start'], digits=2)} → {_pm(r['entropy end'], digits=2)}"] \
+            if stats else []
         rows.append([ARM_NAMES.get(r["arm"], r["arm"]), str(r["steps"]),
-                     f"{_pm(r['pass@1 start %'])} → {_pm(r['pass@1 end %'])}", _pm(r["gain (points)"], sign=True), test,
-                     _pm(r["generated"], digits=0), _pm(r["pass rate %"]), _pm(r["train wall s"], digits=0)])
+                     f"{_pm(r['pass@1 start %'])} → {_pm(r['pass@1 end %'])}", _pm(r["gain (points)"], sign=True),
+                     test(r["arm"], "pass@1"), *at_k, _pm(r["generated"], digits=0), _pm(r["pass rate %"]),
+                     _pm(r["train wall s"], digits=0), *moves])
+    at_k = [f"held-out pass@{k} start → end (%)", f"pass@{k} paired test"] if rows and len(rows[0]) > 8 + 2 * stats else []
     return (["phase 2 arm", "steps", "held-out pass@1 start → end (%)", "gain (points)",
-             "paired test (ProRL: end vs start; BroRL: against continued ProRL)", "generated samples",
-             "dynamic-sampling pass rate (%)", "training wall time (s)"], "lrlrlrrr", rows)
+             "paired test (ProRL: end vs start; BroRL: against continued ProRL)", *at_k, "generated samples",
+             "dynamic-sampling pass rate (%)", "training wall time (s)",
+             *(["KL per update", "entropy start → end"] if stats else [])],
+            "lrlrl" + "ll" * bool(at_k) + "rrr" + "rl" * stats, rows)
 
 
 def _adaptive(d: dict) -> Table:
@@ -284,7 +301,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "weight-sync-nccl": ("weight_sync_nccl.json", _weight_sync),
     "learner-logprob-memory": ("learner.json", _logprob_memory),
     "padding": ("padding.json", _padding),
-    "e2e-h200x2": ("e2e_h200x2.json", _e2e_gauge),
+    **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e_gauge) for tag in ("h200x2b", "h200x2b_omp4", "h200x2")},
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e) for tag in ("h200_3l_p3", "h200_3l", "h100_2l", "h100_p3", "h100", "cpu")},
     "actor-runs": (tuple(f"{f}.json" for f in ACTOR_RUNS), _actor_runs),
     "bro-vs-pro": ("bro_vs_pro.json", _bro_vs_pro),

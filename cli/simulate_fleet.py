@@ -1,6 +1,7 @@
 """`brorl simulate-fleet`: predict a job's throughput, staleness and idle time on a fleet (fleet/sim.py).
 
     brorl simulate-fleet --actors 48 --learner-gpus 16 --n 512 --prompts-per-step 128 --max-staleness 0,1,2
+    brorl simulate-fleet --gpus 4 --calibration gpu-1.5b --n 16,512   # every learner : actor split of 4 GPUs
 
 Every flag that takes a comma-separated list makes a grid (one simulation per combination). Component
 costs come from `--calibration` (default: the rates our benchmarks measured on this kind of machine,
@@ -25,6 +26,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate-fleet", help="predict throughput, staleness and idle time of a fleet")
     p.add_argument("--actors", default="4", help="actor engines (comma-separated: a grid)")
     p.add_argument("--learner-gpus", default="1", help="learner GPUs")
+    p.add_argument("--gpus", type=int, default=0,
+                   help="instead of --actors and --learner-gpus: every split of this many GPUs (L for the learner, "
+                        "the rest one actor each); the split with the most trained samples/s is marked, per grid point")
     p.add_argument("--n", default="16", help="N, completions per prompt")
     p.add_argument("--prompts-per-step", default="8", help="B, kept groups per step")
     p.add_argument("--max-staleness", default="1", help="K")
@@ -100,6 +104,10 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
             raise SystemExit(f"brorl simulate-fleet: --contention must be >= 0, got {args.contention}")
         rates = dataclasses.replace(rates, contention=args.contention)
     grid = {name: _values(name, getattr(args, name)) for name in GRID}
+    if args.gpus:
+        if args.gpus < 2:
+            raise SystemExit(f"brorl simulate-fleet: --gpus needs at least 2 (a learner GPU and an actor's), got {args.gpus}")
+        grid["actors"], grid["learner_gpus"] = list(range(1, args.gpus)), list(range(1, args.gpus))
     if any(not 0 <= w < n for w in grid["first_wave"] for n in grid["n"] if w):
         raise SystemExit(f"brorl simulate-fleet: --first-wave must be below --n (or 0: fixed N), got {args.first_wave!r}")
     if any(not 0.0 <= x <= 1.0 for x in grid["settled_first"]):
@@ -112,6 +120,8 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     rows = []
     for combo in itertools.product(*grid.values()):
         point = dict(zip(grid, combo))
+        if args.gpus and point["actors"] + point["learner_gpus"] != args.gpus:
+            continue
         runs = [simulate(Fleet(**point, max_tokens=args.max_tokens, lengths=args.lengths,
                                prompts_per_request=args.prompts_per_request,
                                keep_rate=args.keep_rate if args.keep_rate is not None else keep_rate,
@@ -124,8 +134,10 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
         hist = {k: statistics.mean(r.staleness_hist.get(k, 0.0) for r in runs) for k in keys}
         rows.append({**point, **res, "staleness_hist": hist, "bottleneck": bottleneck(res)})
     cols = [k for k in grid if len(grid[k]) > 1] or ["actors"]
+    if args.gpus:
+        mark_best_splits(rows, [k for k in cols if k not in ("actors", "learner_gpus")])
     print(_table(rows, cols + ["samples_per_s", "trained_samples_per_s", "staleness_mean", "lag_mean", "learner_wait_share", "actor_idle_share",
-                               "learner_train_share", "learner_sync_share", "bottleneck"]))
+                               "learner_train_share", "learner_sync_share", "bottleneck"] + (["best_split"] if args.gpus else [])))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fleet.json").write_text(json.dumps({"rates": vars(rates), "rows": rows}, indent=2) + "\n")
@@ -163,6 +175,18 @@ def _plot(rows: list[dict], cols: list[str], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def mark_best_splits(rows: list[dict], others: list[str]) -> None:
+    """`best_split` on each row: "best" where its learner : actor split trains the most samples/s among the
+    rows that share its other grid values (`others`), else ""."""
+    best = {}
+    for r in rows:
+        key = tuple(r[k] for k in others)
+        if key not in best or r["trained_samples_per_s"] > best[key]["trained_samples_per_s"]:
+            best[key] = r
+    for r in rows:
+        r["best_split"] = "best" if best[tuple(r[k] for k in others)] is r else ""
 
 
 def bottleneck(r: dict) -> str:

@@ -23,8 +23,9 @@ step() {  # step NAME COMMAND...: run it (at most $LIMIT s: a hung step must not
   pack
 }
 pack() { tar czf "$R/results.tgz.part" -C "$R" --exclude 'results.tgz*' . 2>/dev/null && mv "$R/results.tgz.part" "$R/results.tgz"; }
-runs() {  # the loop's own runs so far: metrics and every role's log (also while a run is still going)
-  for d in runs/bench/e2e/run-*; do [ -d "$d" ] || continue; n=$(basename "$d"); mkdir -p "$R/bench/$n"
+runs() {  # the loop's own runs so far: metrics and every role's log (also while a run is still going), under
+  # $R/bench/[$1-]RUN
+  for d in runs/bench/e2e/run-*; do [ -d "$d" ] || continue; n=${1:+$1-}$(basename "$d"); mkdir -p "$R/bench/$n"
     cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/$n/" 2>/dev/null; done; pack; }
 keep_bench() { mkdir -p "$R/bench"; for f in "$@"; do cp bench/results/$f "$R/bench/" 2>/dev/null; done; pack; }
 python3 -c "import torch, vllm; print(torch.__version__, vllm.__version__, torch.cuda.device_count())" > "$R/versions.txt" 2>&1
@@ -66,8 +67,31 @@ elif [ "$GPUS" = 1 ]; then  # ONE=engine
   step userdata $PT tests/gpu/test_user_data_gpu.py
   # 4. an FP8 engine taking a bf16 weight update (needs the compressed-tensors wheels above)
   step fp8 $PT tests/gpu/test_fp8_gpu.py
+elif [ "$GPUS" -ge 4 ]; then
+  # four GPUs (the issue's balanced fleet, item 5): the simulator's pick of the learner : actor split, then the
+  # loop at steps that keep the engine full (2,048 samples: N = 16 × 128 prompts, N = 512 × 4), with the
+  # learner on 3 GPUs and 1 actor (actor-bound: P1c against one raw engine) and on 2 GPUs with 2 actors;
+  # then every gpu test (the tensor-parallel actor's needs 3 GPUs), the presets' and a user's data tests
+  step fleet python3 -m cli simulate-fleet --gpus 4 --calibration gpu-1.5b --n 16,512 --prompts-per-step 128,4 \
+       --max-staleness 1 --in-flight keep --mean-tokens 256 --length-sigma 0.8 --max-tokens 1024 --out "$R/fleet"
+  E2E=${E2E:-${TAG}x4}
+  (while sleep 30; do runs; done) &
+  snap=$!
+  step e2e_3l env CUDA_VISIBLE_DEVICES=0,1,2,3 TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b \
+       --learner-gpus 3 --cases 1:16:keep,1:512:keep --samples-per-step 2048 --steps 8 --raw-steps 2 --tag "${E2E}_3l"
+  kill $snap; runs 3l; keep_bench "e2e_${E2E}_3l*"
+  step e2e_2l env CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m bench.e2e --shape qwen2-1.5b --learner-gpus 2 \
+       --cases 2:16:keep,2:512:keep --samples-per-step 2048 --steps 8 --raw-steps 2 --tag "${E2E}_2l"
+  runs 2l; keep_bench "e2e_${E2E}_2l*"
+  LIMIT=900 step gpu env CUDA_VISIBLE_DEVICES=0,1,2 $PT tests/gpu/test_gpu.py tests/gpu/test_in_flight_gpu.py \
+       tests/gpu/test_placement_gpu.py tests/gpu/test_fp8_gpu.py
+  step presets env CUDA_VISIBLE_DEVICES=0 $PT tests/gpu/test_presets_gpu.py &
+  a=$!
+  step userdata env CUDA_VISIBLE_DEVICES=3 $PT tests/gpu/test_user_data_gpu.py &
+  b=$!
+  wait $a $b
 else
-  # two or more GPUs: first the whole loop against the raw engine (1 learner GPU + 1 actor GPU), the learner at
+  # two or three GPUs: first the whole loop against the raw engine (1 learner GPU + 1 actor GPU), the learner at
   # its best one-GPU settings (bench.learner's 46.6 % MFU case) so its MFU is read from the loop's own steps,
   # with the compiler's recompilations logged; then the gpu tests; then the presets' and a user's data tests
   nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$R/apps_before.csv" 2>&1
@@ -75,11 +99,19 @@ else
   snap=$!
   # (with learner.logprob_recompute = false the learner ran out of memory at step 2 on 2026-11-29, before it
   # took expandable CUDA segments by default)
+  # (E2E: the results' tag, e.g. E2E=h200x2b so a rerun does not overwrite a committed run's files)
+  E2E=${E2E:-${TAG}x2}
   step e2e env CUDA_VISIBLE_DEVICES=0,1 TORCH_LOGS=recompiles python3 -m bench.e2e --shape qwen2-1.5b \
-       --cases 1:16:keep,1:512:keep --steps 6 --raw-steps 4 --tag "${TAG}x2" --set learner.backend=torch \
+       --cases 1:16:keep,1:512:keep --steps 8 --raw-steps 4 --tag "$E2E" --set learner.backend=torch \
        --set learner.activation_checkpointing=false --set learner.micro_batch_tokens=32768
   kill $snap; runs
-  keep_bench "e2e_${TAG}x2*"
+  keep_bench "e2e_${E2E}*"
+  # P1a hypothesis (the loop's engine steps slower than the raw engine's at the same load): every process's
+  # CPU threads bounded, N = 16 only; compare engine_steps_per_busy_s with the run above
+  step e2e_threads env CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=4 python3 -m bench.e2e --shape qwen2-1.5b \
+       --cases 1:16:keep --steps 8 --raw-steps 4 --tag "${E2E}_omp4" --set learner.backend=torch \
+       --set learner.activation_checkpointing=false --set learner.micro_batch_tokens=32768
+  runs omp4; keep_bench "e2e_${E2E}_omp4*"
   K=(); [ "$GPUS" -lt 3 ] && K=(-k "not tensor_parallel")  # the tensor-parallel actor's test needs 3 GPUs
   LIMIT=600 step gpu env CUDA_VISIBLE_DEVICES=0,1 $PT tests/gpu/test_gpu.py tests/gpu/test_in_flight_gpu.py \
        tests/gpu/test_placement_gpu.py tests/gpu/test_fp8_gpu.py "${K[@]}"
@@ -88,12 +120,6 @@ else
   step userdata env CUDA_VISIBLE_DEVICES=1 $PT tests/gpu/test_user_data_gpu.py &
   b=$!
   wait $a $b  # not a bare `wait`: it would wait for the nvidia-smi sampler too, forever
-  # P1a hypothesis (the loop's engine steps slower than the raw engine's at the same load): every process's
-  # CPU threads bounded, N = 16 only; compare engine_steps_per_busy_s with the first run's
-  step e2e_threads env CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=4 python3 -m bench.e2e --shape qwen2-1.5b \
-       --cases 1:16:keep --steps 6 --raw-steps 4 --tag "${TAG}x2_omp4" --set learner.backend=torch \
-       --set learner.activation_checkpointing=false --set learner.micro_batch_tokens=32768
-  keep_bench "e2e_${TAG}x2_omp4*"
 fi
 kill $smi 2>/dev/null
 pack

@@ -88,6 +88,9 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     assert b["actor_engine_steps"] > a["actor_engine_steps"] > 0
     assert 1 < full["mean_running_seqs"] <= cfg.actor.max_num_seqs, full
     assert 0.0 < full["mean_kv_use"] <= 1.0, full
+    # and vLLM's iteration stats: tokens generated per engine step (at most one per running sequence), the share
+    # of steps in which a prompt finished its prefill
+    assert 1 <= full["mean_gen_tokens"] <= cfg.actor.max_num_seqs and 0.0 < full["mean_prefill_steps"] <= 1.0, full
     after = _ledger(run_dir)[len(ledger_before):]
     # the same next prompts: first what was granted but not consumed, in order, then fresh ones (a prompt
     # that came back meanwhile, e.g. its group too stale, is granted again: the ledger check allows only that)

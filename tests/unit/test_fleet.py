@@ -117,6 +117,25 @@ def test_the_command_runs_a_grid_and_names_bad_input(tmp_path, capsys):
         main(["simulate-fleet", "--model-gb", "-3", "--out", str(tmp_path)])
 
 
+def test_the_command_tries_every_split_of_a_machines_gpus_and_marks_the_best(tmp_path, capsys):
+    import json
+
+    from cli import main
+
+    assert main(["simulate-fleet", "--gpus", "4", "--calibration", "gpu-1.5b", "--n", "16,512", "--prompts-per-step", "8",
+                 "--mean-tokens", "64", "--steps", "6", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "fleet.json").read_text())["rows"]
+    assert sorted((r["learner_gpus"], r["actors"], r["n"]) for r in rows) == [
+        (lg, 4 - lg, n) for lg in (1, 2, 3) for n in (16, 512)]  # only splits of the 4 GPUs, each N
+    for n in (16, 512):
+        split = [r for r in rows if r["n"] == n]
+        best = [r for r in split if r["best_split"] == "best"]
+        assert len(best) == 1 and best[0]["trained_samples_per_s"] == max(r["trained_samples_per_s"] for r in split)
+    assert "best_split" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--gpus needs at least 2"):
+        main(["simulate-fleet", "--gpus", "1", "--out", str(tmp_path)])
+
+
 def test_gpu_rates_come_from_our_gpu_benchmarks_result_files():
     import json
 

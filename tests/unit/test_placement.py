@@ -184,6 +184,10 @@ def test_the_end_to_end_benchmark_places_a_multi_gpu_learner_before_its_actors_a
         "learner.compile": False, "actor.length_dist": "fixed", "learner.lr": 1e-6}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         overrides(["learner.compile"])
+    # `--samples-per-step`: more prompts a step at every N, the same samples whatever N
+    for n, prompts in ((16, 128), (512, 4)):
+        _, o = job("qwen2-1.5b", 1, 8, "/m", n=n, samples=2048)
+        assert (o["job.prompts_per_step"], o["actor.prompts_per_request"], o["job.n_samples"]) == (prompts, prompts, n)
 
 
 def test_the_learner_takes_expandable_cuda_segments_unless_the_user_chose_an_allocator():
