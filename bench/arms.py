@@ -98,11 +98,24 @@ def record(arm: str, seed: int, res: dict, k: int) -> dict:
          "generated": sum(x["generated"] for x in m), "trained": sum(x["samples"] for x in m),
          "pass_rate": statistics.mean(x["pass_rate"] for x in m), "train_wall_s": h[-1]["wall_s"],
          "correct_start": h[0]["correct"], "correct_end": h[-1]["correct"],
-         "curve": [(x["generated"], x["wall_s"], x["pass_at_1"]) for x in h]}
+         "curve": [(x["generated"], x["wall_s"], x["pass_at_1"]) for x in h], **train_stats(m)}
     print(f"    pass@1 {r['pass_at_1_start']:.3f} -> {r['pass_at_1_end']:.3f}, pass@{k} "
           f"{r['pass_at_k_start']:.3f} -> {r['pass_at_k_end']:.3f}, {r['generated']} generated, "
           f"pass rate {r['pass_rate']:.2f}", file=sys.stderr, flush=True)
     return r
+
+
+def train_stats(m: list[dict], ends: int = 3) -> dict:
+    """How far and how each update moved the policy, from a run's metrics rows: the mean per-update KL to the
+    rollout policy (`approx_kl`, over the PPO mini-batches) and share of tokens clipped below (ratio < 1 − ε),
+    the mean gradient norm, and the policy's entropy and truncated share over its first and last `ends`
+    steps: why an arm lost, not only that it did."""
+    def mean(key, rows=m):
+        return statistics.mean(float(x.get(key, 0.0)) for x in rows)
+
+    return {"approx_kl": mean("approx_kl"), "clip_frac_low": mean("clip_frac_low"), "grad_norm": mean("grad_norm"),
+            "entropy_start": mean("entropy", m[:ends]), "entropy_end": mean("entropy", m[-ends:]),
+            "truncated_end": mean("truncated_frac", m[-ends:])}
 
 
 def tests(runs: list[dict], arms, base: str, k: int) -> dict:
@@ -127,15 +140,18 @@ def rows(runs: list[dict], arms, k: int, extra: dict | None = None) -> list[dict
     for arm in arms:
         rs = [r for r in runs if r["arm"] == arm]
 
-        def ms(key, scale=1.0):
+        def ms(key, scale=1.0, digits=1):
             xs = [scale * r[key] for r in rs]
-            return f"{statistics.mean(xs):.1f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.1f}"
+            return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.{digits}f}"
 
         out.append({"arm": arm, "steps": rs[0]["steps"], "pass@1 start %": ms("pass_at_1_start", 100),
                     "pass@1 end %": ms("pass_at_1_end", 100), "gain (points)": ms("gain", 100),
                     f"pass@{k} start %": ms("pass_at_k_start", 100), f"pass@{k} end %": ms("pass_at_k_end", 100),
                     "generated": ms("generated"), "pass rate %": ms("pass_rate", 100),
                     "train wall s": ms("train_wall_s"),
+                    **({"update KL": ms("approx_kl", digits=4), "clipped low %": ms("clip_frac_low", 100),
+                        "entropy start": ms("entropy_start", digits=3), "entropy end": ms("entropy_end", digits=3)}
+                       if all("approx_kl" in r for r in rs) else {}),
                     **{name: ms(key, scale) for name, (key, scale) in (extra or {}).items()}})
     return out
 

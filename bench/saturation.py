@@ -20,8 +20,10 @@ state, as a continuing job would; the √ rule changes only the rate), the same 
     BroRL (N = 512):       4 prompts/step,  2,048 samples/step, lr 3e-4 · sqrt(2048 / 256) ≈ 8.5e-4
     BroRL (N = 512, η0):  the same at lr 3e-4 (separates N from the rate)
     with --ablations:
-    BroRL (N = 128):      16 prompts/step,  2,048 samples/step, lr ≈ 8.5e-4 (N alone: ProRL's prompts per update)
+    BroRL (N = 128):      16 prompts/step,  2,048 samples/step, lr ≈ 8.5e-4 (ProRL's prompts per update, √-scaled rate)
     BroRL (N = 64):       16 prompts/step,  1,024 samples/step, lr 3e-4 · sqrt(4) = 6e-4
+    BroRL (N = 128, η0):  16 prompts/step,  2,048 samples/step, lr 3e-4 (N alone: ProRL's prompts per update
+                          and rate; only the samples per prompt, and so the number of updates, differ)
 BroRL takes a quarter of ProRL's prompts per step, the paper's ratio (128 against 512). The default budget,
 61,440 trained samples, gives BroRL 30 updates (a fresh-rate arm needs that many to move at all) and ProRL
 240. Two PPO mini-batches per step in every arm. Seeds vary the data order, the sampling and the
@@ -53,9 +55,11 @@ ARMS = {"ProRL (N=16)": (PRO, True), "BroRL (N=512)": (BRO, True), "BroRL (N=512
 ABLATIONS = {
     "BroRL (N=128)": ({"job.n_samples": 128, "job.prompts_per_step": 16, "actor.prompts_per_request": 4}, True),
     "BroRL (N=64)": ({"job.n_samples": 64, "job.prompts_per_step": 16, "actor.prompts_per_request": 8}, True),
+    "BroRL (N=128, η0)": ({"job.n_samples": 128, "job.prompts_per_step": 16, "actor.prompts_per_request": 4}, False),
 }
 SLUGS = {"ProRL (N=16)": "prorl", "BroRL (N=512)": "brorl", "BroRL (N=512, η0)": "brorl-eta0",
-         "BroRL (N=128)": "brorl-n128", "BroRL (N=64)": "brorl-n64"}
+         "BroRL (N=128)": "brorl-n128", "BroRL (N=64)": "brorl-n64",
+         "BroRL (N=128, η0)": "brorl-n128-eta0"}
 
 
 def noise(row: dict, k: int) -> float:
@@ -95,6 +99,29 @@ def start_model_sha() -> str:
     return hashlib.sha256((ROOT / load_config("tiny-cpu").model.path / "model.safetensors").read_bytes()).hexdigest()
 
 
+def token_level_prediction(arms: dict, q0: float, train_samples: int, seeds: int = 5, vocab: int = 1000) -> dict:
+    """What the paper's token-level simulator (section 4.1, `theory.simulator`) predicts for each arm's phase
+    2: one prompt whose correct tokens hold the measured start pass@1 `q0` of the probability (uniform logits
+    over `vocab` tokens), N samples a step, as many AdamW steps at the arm's rate as the arm makes updates.
+    It has free logits per prompt, no weights shared between prompts: where it and the runs disagree, what it
+    leaves out is the suspect. Gain of the correct mass in points and the share of correct tokens whose
+    probability rose, mean over `seeds`."""
+    from theory.simulator import SimConfig, simulate_one
+
+    out = {}
+    for arm, (o, scaled) in arms.items():
+        per_step = o["job.n_samples"] * o["job.prompts_per_step"]
+        steps = max(1, train_samples // per_step)
+        lr = BASE_LR * math.sqrt(per_step / BASE_SAMPLES) if scaled else BASE_LR
+        trajs = [simulate_one(SimConfig(vocab=vocab, n_correct=max(1, round(q0 * vocab)), ns=(o["job.n_samples"],),
+                                        steps=steps, lr=lr, init="uniform", seed=seed), o["job.n_samples"])
+                 for seed in range(seeds)]
+        out[arm] = {"steps": steps, "lr": lr,
+                    "gain_points": 100 * statistics.mean(t.q_pos[-1] - t.q_pos[0] for t in trajs),
+                    "correct_tokens_up_pct": statistics.mean(t.pct_increased[-1] for t in trajs)}
+    return out
+
+
 def arm_overrides(arm: str, start: Path, train_samples: int, seed: int, eval_prompts: int) -> dict:
     """An arm of phase 2: phase 1's checkpoint `start` continued (its weights and AdamW state)."""
     o, scaled = {**ARMS, **ABLATIONS}[arm]
@@ -114,7 +141,8 @@ def main() -> None:
     ap.add_argument("--pro-steps", type=int, default=480, help="phase 1: ProRL steps at most")
     ap.add_argument("--train-samples", type=int, default=61_440, help="phase 2: trained samples per arm")
     ap.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts per seed")
-    ap.add_argument("--ablations", action="store_true", help="also N = 128 and N = 64 at ProRL's prompts per step")
+    ap.add_argument("--ablations", action="store_true", help="also N = 128 and N = 64 at ProRL's prompts per step "
+                    "(√-scaled rate), and N = 128 at ProRL's rate")
     ap.add_argument("--reuse", action="store_true", help="reuse finished runs (records, runs/)")
     ap.add_argument("--phase1", action="store_true", help="phase 1 only (its checkpoints start bench.adaptive "
                     "--from-saturated); with --reuse it must reproduce the stored curve")
@@ -179,13 +207,18 @@ def main() -> None:
     print(table(rows, list(rows[0])))
     print("\nPaired tests over (seed, prompt) instances, per-prompt pass rate (b − a)")
     print(table([{"comparison": name, **t} for name, t in tests.items()], ["comparison", "n", "mean_diff", "t", "p"]))
+    q0 = statistics.mean(r["pass_at_1_start"] for r in runs)
+    predicted = token_level_prediction(arms, q0, args.train_samples)
+    print(f"\nThe token-level simulator's prediction (one prompt at pass@1 {100 * q0:.1f} %, free logits)")
+    print(table([{"arm": a, **p} for a, p in predicted.items()], ["arm", "steps", "lr", "gain_points",
+                                                                   "correct_tokens_up_pct"]))
     path = write_json("saturation_quick" if args.quick else "saturation", {"pro_steps": args.pro_steps, "train_samples": args.train_samples,
                                      "eval_every": EVAL, "window": WINDOW, "saturated_at": sat, "start": start,
                                      "phase1": [{k2: h[k2] for k2 in ("step", "generated", "wall_s", "pass_at_1")}
                                                 for h in held1],
                                      "arms": {a: v[0] for a, v in arms.items()}, "runs": runs, "table": rows,
                                      "eval_prompts": args.eval_prompts, "k": k, "reproducible": True,
-                                     "tests": tests})
+                                     "tests": tests, "token_level_prediction": predicted})
     plot_runs(runs, arms, path.with_suffix(".png"), "Saturate with ProRL, then broaden: tiny model on CPU; one line per seed",
               lead=_phase1(held1, sat))
     print(f"\nwrote {path}")

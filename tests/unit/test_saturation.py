@@ -85,3 +85,29 @@ def test_records_outlive_the_run_folders_and_are_reused_only_for_the_same_overri
     assert again.get("prorl-s0", {**o, "job.n_samples": 32}) is None  # other settings: run it again
     assert again.get("prorl-s1", o) is None
     assert Records(path, reuse=False).get("prorl-s0", o) is None and path.read_text() == ""  # a fresh experiment
+
+
+def test_the_token_level_prediction_runs_each_arm_at_its_own_updates_and_rate():
+    from bench.saturation import ARMS, BASE_LR, token_level_prediction
+
+    pred = token_level_prediction(ARMS, 0.37, 61_440, seeds=2, vocab=200)
+    assert set(pred) == set(ARMS)
+    assert pred["ProRL (N=16)"]["steps"] == 240 and pred["BroRL (N=512)"]["steps"] == 30
+    assert pred["BroRL (N=512, η0)"]["lr"] == BASE_LR and pred["BroRL (N=512)"]["lr"] == pytest.approx(BASE_LR * math.sqrt(8))
+    # free logits, exact-ish gradients at N = 512: every arm gains, and the larger rate gains more in as many steps
+    assert all(p["gain_points"] > 0 for p in pred.values())
+    assert pred["BroRL (N=512)"]["gain_points"] > pred["BroRL (N=512, η0)"]["gain_points"]
+
+
+def test_a_records_training_stats_say_how_far_each_update_moved_the_policy():
+    from bench.arms import rows, train_stats
+
+    m = [{"approx_kl": kl, "clip_frac_low": 0.1, "grad_norm": 2.0, "entropy": e, "truncated_frac": 0.0}
+         for kl, e in ((0.01, 1.0), (0.03, 0.8), (0.05, 0.5), (0.07, 0.2))]
+    st = train_stats(m, ends=2)
+    assert st["approx_kl"] == pytest.approx(0.04) and st["entropy_start"] == pytest.approx(0.9)
+    assert st["entropy_end"] == pytest.approx(0.35) and st["clip_frac_low"] == pytest.approx(0.1)
+    base = {"steps": 4, "pass_at_1_start": 0.5, "pass_at_1_end": 0.5, "gain": 0.0, "pass_at_k_start": 1.0,
+            "pass_at_k_end": 1.0, "generated": 10, "pass_rate": 1.0, "train_wall_s": 1.0}
+    r = rows([{"arm": "a", "seed": 0, **base, **st}, {"arm": "b", "seed": 0, **base}], ["a", "b"], 16)
+    assert r[0]["update KL"] == "0.0400 ± 0.0000" and r[0]["entropy end"] == "0.350 ± 0.000" and "update KL" not in r[1]  # (records stored before the stats)
