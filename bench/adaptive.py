@@ -75,7 +75,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="1 seed, a short budget")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--train-samples", type=int, default=30_720, help="trained samples per arm")
+    ap.add_argument("--train-samples", type=int, default=61_440, help="trained samples per arm (bench.saturation's "
+                    "phase 2 budget: with --from-saturated its fixed-N runs are the same runs, read from its records)")
     ap.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts per seed")
     ap.add_argument("--reuse", action="store_true", help="reuse finished runs of the same settings")
     ap.add_argument("--eta0", action="store_true", help="also the N = 512 arms at N = 16's rate (no √ scaling)")
@@ -94,6 +95,9 @@ def main() -> None:
     run, k = Runner(out, args.reuse), COMMON["run.eval_samples"]
     # the finished records, kept with the results (bench.arms.Records): the study goes on over sessions
     store = Records(out / "records.jsonl" if args.quick else RESULTS / f"{name}_runs.jsonl", args.reuse)
+    # from the saturated start, fixed N = 16, fixed N = 512 and its η0 arm at bench.saturation's budget are its
+    # ProRL and BroRL arms, run by the same overrides: read from its records instead of run again
+    shared = Records(RESULTS / "saturation_runs.jsonl", True) if start and args.reuse and not args.quick else None
     arms = [*ARMS, *(ETA0 if args.eta0 else ())]
     runs = []
     for seed in range(args.seeds):
@@ -101,7 +105,12 @@ def main() -> None:
             o = overrides(arm, args.train_samples, seed, args.eval_prompts, start)
             print(f"  {arm}, seed {seed}: {o['learner.steps']} steps ...", file=sys.stderr, flush=True)
             def make(name=f"{SLUGS[arm]}-s{seed}", arm=arm, seed=seed, o=o) -> dict:
-                r = record(arm, seed, run(name, o), k)
+                found = shared.find(o) if shared else None
+                if found:
+                    print(f"    the same run as bench.saturation's {found[0]}: its record", file=sys.stderr, flush=True)
+                    r = {**found[1], "arm": arm}
+                else:
+                    r = record(arm, seed, run(name, o), k)
                 r["gain_per_msample"] = 1e6 * r["gain"] / max(1.0, r["generated"])  # per 10⁶ generated
                 return r
 
@@ -116,7 +125,7 @@ def main() -> None:
         "train_samples": args.train_samples, "eval_prompts": args.eval_prompts, "k": k, "arms": ARMS, "eta0_arms": list(ETA0) if args.eta0 else [],
         "common": COMMON, "runs": runs, "table": table_rows, "tests": t, "reproducible": True})
     plot_runs(runs, arms, path.with_suffix(".png"),
-              "Adaptive rollouts against fixed N, the same trained samples; one line per seed")
+              "Adaptive rollouts against fixed N, the same trained samples; one line per seed", k=k)
     print(f"\nwrote {path}")
 
 

@@ -73,6 +73,12 @@ class Records:
         d = self.lines.get(name)
         return d["record"] if d is not None and d["overrides"] == self.key(o) else None
 
+    def find(self, o: dict) -> tuple[str, dict] | None:
+        """(name, record) of any run with exactly the overrides `o`, whatever its name: another experiment's
+        run of the same settings is the same run (the runs are reproducible)."""
+        key = self.key(o)
+        return next(((d["name"], d["record"]) for d in self.lines.values() if d["overrides"] == key), None)
+
     def get_or_run(self, name: str, o: dict, make) -> dict:
         """The stored record of `name` with overrides `o`, or `make()`'s, stored."""
         rec = self.get(name, o)
@@ -98,7 +104,8 @@ def record(arm: str, seed: int, res: dict, k: int) -> dict:
          "generated": sum(x["generated"] for x in m), "trained": sum(x["samples"] for x in m),
          "pass_rate": statistics.mean(x["pass_rate"] for x in m), "train_wall_s": h[-1]["wall_s"],
          "correct_start": h[0]["correct"], "correct_end": h[-1]["correct"],
-         "curve": [(x["generated"], x["wall_s"], x["pass_at_1"]) for x in h], **train_stats(m)}
+         "curve": [(x["generated"], x["wall_s"], x["pass_at_1"]) for x in h],
+         "curve_k": [(x["generated"], x["wall_s"], x["pass_at_k"]) for x in h], **train_stats(m)}
     print(f"    pass@1 {r['pass_at_1_start']:.3f} -> {r['pass_at_1_end']:.3f}, pass@{k} "
           f"{r['pass_at_k_start']:.3f} -> {r['pass_at_k_end']:.3f}, {r['generated']} generated, "
           f"pass rate {r['pass_rate']:.2f}", file=sys.stderr, flush=True)
@@ -156,32 +163,43 @@ def rows(runs: list[dict], arms, k: int, extra: dict | None = None) -> list[dict
     return out
 
 
-def plot_runs(runs: list[dict], arms, out: Path, title: str, lead=None) -> None:
+def plot_runs(runs: list[dict], arms, out: Path, title: str, lead=None, k: int | None = None) -> None:
     """Held-out pass@1 of each run (its `curve`) against generated samples and against training wall time,
-    one colour per arm and one line per seed; `lead(ax)` draws a first panel before them."""
+    one colour per arm and one line per seed, and below them pass@`k` (`curve_k`) where every run has it;
+    `lead(ax)` draws a first panel before them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3 if lead else 2, figsize=(16, 4) if lead else (11, 3.8))
+    curves = [("curve", "held-out pass@1")]
+    if k and all("curve_k" in r for r in runs):
+        curves.append(("curve_k", f"held-out pass@{k}"))
+    cols = 3 if lead else 2
+    fig, grid = plt.subplots(len(curves), cols, figsize=(16 if lead else 11, 4 * len(curves)), squeeze=False)
     if lead:
-        lead(axes[0])
-    ax_gen, ax_wall = axes[-2:]
-    for i, arm in enumerate(arms):
-        for r in (r for r in runs if r["arm"] == arm):
-            gen, wall, p = zip(*r["curve"])
-            kw = dict(color=f"C{i}", alpha=0.8, marker="o", ms=3, label=arm if r["seed"] == min(
-                x["seed"] for x in runs if x["arm"] == arm) else None)
-            ax_gen.plot(gen, p, **kw)
-            ax_wall.plot(wall, p, **kw)
+        lead(grid[0][0])
+        for row in grid[1:]:
+            row[0].axis("off")
     prefix = "phase 2: " if lead else ""
-    ax_gen.set_xlabel(f"{prefix}generated samples")
-    ax_wall.set_xlabel(f"{prefix}training wall time, s (evaluation excluded)")
-    for ax in axes:
-        ax.set_ylabel("held-out pass@1")
-        ax.grid(alpha=0.3)
-    ax_gen.legend(fontsize=8)
+    for (key, label), axes in zip(curves, grid):
+        ax_gen, ax_wall = axes[-2:]
+        for i, arm in enumerate(arms):
+            for r in (r for r in runs if r["arm"] == arm):
+                gen, wall, p = zip(*r[key])
+                kw = dict(color=f"C{i}", alpha=0.8, marker="o", ms=3, label=arm if r["seed"] == min(
+                    x["seed"] for x in runs if x["arm"] == arm) else None)
+                ax_gen.plot(gen, p, **kw)
+                ax_wall.plot(wall, p, **kw)
+        ax_gen.set_xlabel(f"{prefix}generated samples")
+        ax_wall.set_xlabel(f"{prefix}training wall time, s (evaluation excluded)")
+        for ax in axes[-2:]:
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        ax_gen.legend(fontsize=8)
+    if lead:
+        grid[0][0].set_ylabel("held-out pass@1, pass@k")
+        grid[0][0].grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

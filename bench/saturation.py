@@ -220,19 +220,23 @@ def main() -> None:
                                      "eval_prompts": args.eval_prompts, "k": k, "reproducible": True,
                                      "tests": tests, "token_level_prediction": predicted})
     plot_runs(runs, arms, path.with_suffix(".png"), "Saturate with ProRL, then broaden: tiny model on CPU; one line per seed",
-              lead=_phase1(held1, sat))
+              lead=_phase1(held1, sat), k=k)
     print(f"\nwrote {path}")
 
 
 def _phase1(held1, sat):
     """The saturation plot's first panel: phase 1's held-out curve and where it saturated."""
     def draw(ax) -> None:
-        ax.plot([h["generated"] for h in held1], [h["pass_at_1"] for h in held1], "o-", color="C0", ms=3)
+        gen = [h["generated"] for h in held1]
+        ax.plot(gen, [h["pass_at_1"] for h in held1], "o-", color="C0", ms=3, label="pass@1")
+        # pass@k from the stored per-prompt counts: any of the k samples right
+        ax.plot(gen, [sum(c > 0 for c in h["correct"]) / len(h["correct"]) for h in held1], "s--", color="C7", ms=3,
+                label=f"pass@{COMMON['run.eval_samples']}")
         if sat is not None:
             g = next(h["generated"] for h in held1 if h["step"] == sat)
             ax.axvline(g, color="k", ls=":", label=f"saturated (step {sat})")
-            ax.legend(fontsize=8)
-        ax.set_title("phase 1: ProRL (N = 16)", fontsize=9)
+        ax.legend(fontsize=8)
+        ax.set_title("phase 1: ProRL (N = 16), held-out", fontsize=9)
         ax.set_xlabel("generated samples")
     return draw
 

@@ -84,6 +84,8 @@ def test_records_outlive_the_run_folders_and_are_reused_only_for_the_same_overri
     assert again.get("prorl-s0", o) == {"gain": 0.2}
     assert again.get("prorl-s0", {**o, "job.n_samples": 32}) is None  # other settings: run it again
     assert again.get("prorl-s1", o) is None
+    # another experiment's run of the same settings is found by its overrides, whatever its name
+    assert again.find(o) == ("prorl-s0", {"gain": 0.2}) and again.find({**o, "job.n_samples": 32}) is None
     assert Records(path, reuse=False).get("prorl-s0", o) is None and path.read_text() == ""  # a fresh experiment
 
 
