@@ -116,6 +116,8 @@ def main() -> None:
 
             runs.append(store.get_or_run(f"{SLUGS[arm]}-s{seed}", o, make))
     t = tests(runs, arms, "fixed N=512", k)
+    if args.eta0:  # each η0 arm against fixed N = 512 at the same rate
+        t.update(tests([r for r in runs if r["arm"] in ETA0], list(ETA0), "fixed N=512, η0", k))
     table_rows = rows(runs, arms, k, {"gain per 10⁶ generated": ("gain_per_msample", 100)})
     print(f"\n{args.seeds} seed(s), {args.train_samples} trained samples per arm, mean ± std over seeds")
     print(table(table_rows, list(table_rows[0])))

@@ -257,14 +257,15 @@ def _saturation(d: dict) -> Table:
 def _adaptive(d: dict) -> Table:
     k, rows = d["k"], []
     for r in d["table"]:
-        t = d["tests"].get(f"pass@1: {r['arm']} vs fixed N=512")
+        base = "fixed N=512, η0" if "η0" in r["arm"] else "fixed N=512"  # against fixed N = 512 at the same rate
+        t = d["tests"].get(f"pass@1: {r['arm']} vs {base}")
         test = "—" if t is None else (f"{100 * t['mean_diff']:+.1f} points, t = {t['t']:.2f}, "
                                       f"p {'< 1e-15' if t['p'] < 1e-15 else f'= {t[chr(112)]:.2g}'}").replace("-", "−")
         rows.append([r["arm"], str(r["steps"]), f"{_pm(r['pass@1 start %'])} → {_pm(r['pass@1 end %'])}",
                      _pm(r["gain (points)"], sign=True), test,
                      f"{_pm(r[f'pass@{k} start %'])} → {_pm(r[f'pass@{k} end %'])}", _pm(r["generated"], digits=0),
                      _pm(r["pass rate %"])])
-    return (["arm", "steps", "held-out pass@1 start → end (%)", "gain (points)", "pass@1 against fixed N = 512",
+    return (["arm", "steps", "held-out pass@1 start → end (%)", "gain (points)", "pass@1 against fixed N = 512 at its rate",
              f"pass@{k} start → end (%)", "generated samples", "dynamic-sampling pass rate (%)"], "lrlrlrrr", rows)
 
 
