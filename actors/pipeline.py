@@ -16,7 +16,7 @@ import numpy as np
 from actors.engine import CompletionTexts, build_group, request_max_tokens, request_seed, sampling_params
 from actors.in_flight import TokenVersions
 from actors.scoring import ScoringPool, verifier_failed
-from actors.stats import ActorStats, EngineLoad
+from actors.stats import ActorStats, EngineLoad, WaveBudget
 from actors.supervisor import EngineSupervisor
 from actors.weight_sync import WeightSync
 from config.schema import BrorlConfig
@@ -32,6 +32,7 @@ class GroupPipeline:
         self.texts = CompletionTexts(cfg.model.path, cfg.actor)
         self.supervisor, self.sync, self.load = supervisor, sync, load
         self.pool, self.verifiers, self.stats = pool, verifiers, stats
+        self.budget = WaveBudget(cfg.job.step_sample_budget)
         self.era = 0
         """Bumped when the learner restarts: a group begun before that is not sent (its prompt and its
         weights version belong to the old learner)."""
@@ -42,6 +43,10 @@ class GroupPipeline:
         gen_s = score_s = 0.0
         n = self.cfg.job.first_wave_size()
         while n:
+            if waves_ and not self.budget.fits(self.sync.version, n):
+                self.stats.capped_waves += 1  # the step's budget is spent: the first wave is the group
+                break
+            self.budget.charge(self.sync.version, n)
             t1 = time.monotonic()
             got = await self._generate(rid, item, n, sum(len(w[1]) for w in waves_))
             if got is None:

@@ -78,6 +78,9 @@ class ActorStats:
     aborted_stale: int = 0
     """Requests aborted at an update because it would have left them more than max_staleness behind."""
     engine_restarts: int = 0
+    capped_waves: int = 0
+    """Second waves not started because they would have passed `job.step_sample_budget` (the prompt's first
+    wave was sent as its group)."""
     rejected: int = 0
     """Groups the learner rejected (NACKed with a reason): dropped, never re-sent."""
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=100))
@@ -91,8 +94,28 @@ class ActorStats:
         return {**self.gauge.counters(), "samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
                 "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
                 "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s,
-                "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale,
+                "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale, "capped_waves": self.capped_waves,
                 "update_s": self.update_s, "score_s": self.score_s}
+
+
+class WaveBudget:
+    """An actor's samples under the current weight version against `job.step_sample_budget` (0: none): every
+    wave is charged when it starts; a second wave starts only if it fits. A new version starts a new count."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.version, self.used = cap, None, 0
+
+    def _at(self, version: int) -> None:
+        if version != self.version:
+            self.version, self.used = version, 0
+
+    def charge(self, version: int, n: int) -> None:
+        self._at(version)
+        self.used += n
+
+    def fits(self, version: int, n: int) -> bool:
+        self._at(version)
+        return not self.cap or self.used + n <= self.cap
 
 
 class EngineLoad:

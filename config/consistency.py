@@ -89,6 +89,10 @@ def check_consistency(cfg: "BrorlConfig") -> None:
                          f"= 0 (is {job.max_staleness}) and learner.devices = 1 (is {lrn.devices}): several "
                          f"actors, generation ahead of training or several ranks make the order of arrivals "
                          f"and sums differ from run to run")
+    if cfg.run.reproducible and job.step_sample_budget:
+        raise ValueError(f"run.reproducible with job.step_sample_budget = {job.step_sample_budget}: which second "
+                         f"waves fit the budget depends on when first waves finish; leave it 0 for a "
+                         f"reproducible run")
     if lrn.init_from and Path(cfg.model.path).resolve() != (Path(lrn.init_from) / "model").resolve():
         raise ValueError(f"learner.init_from {lrn.init_from!r} with model.path {cfg.model.path!r}: set model.path "
                          f"to {str(Path(lrn.init_from) / 'model')!r}, so the actors start from the weights "

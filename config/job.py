@@ -34,6 +34,12 @@ class JobConfig(Section):
     first_wave: int = Field(16, ge=1)
     """With `rollouts = "adaptive"`: the completions of a prompt's first wave (fewer than N)."""
 
+    step_sample_budget: int = Field(0, ge=0)
+    """With `rollouts = "adaptive"`: the samples an actor generates under one weight version (one learner
+    step) at most, so that a step's generation stays predictable: a mixed prompt whose second wave would pass
+    it is not extended, and its first wave is sent as its group (mixed, so kept and trained at `first_wave`).
+    First waves are granted by the learner and always run. 0: no budget."""
+
     def first_wave_size(self) -> int:
         """Completions in a prompt's first request (with fixed rollouts: its only one)."""
         return self.first_wave if self.rollouts == "adaptive" else self.n_samples
@@ -54,6 +60,10 @@ class JobConfig(Section):
 
     @model_validator(mode="after")
     def _waves(self) -> "JobConfig":
+        if self.step_sample_budget and self.rollouts != "adaptive":
+            raise ValueError(f"job.step_sample_budget = {self.step_sample_budget} caps adaptive rollouts' second "
+                             "waves: set job.rollouts = \"adaptive\" or leave it 0 (fixed N's samples per step "
+                             "are job.prompts_per_step x job.n_samples already)")
         if self.rollouts == "adaptive" and self.first_wave >= self.n_samples:
             raise ValueError(f"job.first_wave = {self.first_wave} must be below job.n_samples = {self.n_samples} "
                              "with job.rollouts = \"adaptive\" (else every prompt gets N at once: \"fixed\")")

@@ -248,3 +248,24 @@ async def test_actor_adaptive_groups_of_4_or_32_with_long_tailed_completion_budg
             assert all(n == budget for n, f in zip(g.lengths, g.finish) if f == cut), (budget, g.lengths, g.finish)
     finally:
         await stop_actor(proc, fl)
+
+
+async def test_actor_adaptive_waves_under_a_step_sample_budget_send_mixed_first_waves_as_groups(tiny_model_dir, tmp_path):
+    """`job.step_sample_budget` smaller than one second wave (28 of N = 32 after a first wave of 4): no
+    prompt is extended under the version, a mixed first wave is sent as its group of 4, and the actor's
+    heartbeats count the capped waves."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    fl = FakeLearner(model)
+    cfg = actor_cfg(tiny_model_dir, 32, **{"actor.max_tokens": 12, "job.rollouts": "adaptive", "job.first_wave": 4,
+                                           "job.step_sample_budget": 16})
+    proc = start_actor(cfg, tmp_path, fl.work_url, "a32b")
+    try:
+        mixed = await fl.wait_groups(1, where=lambda g: 0 < g.correct.sum() < g.n, timeout_s=240)
+        assert mixed[0].n == 4, mixed[0].n  # mixed at its first wave, and not extended: the budget
+        groups = await fl.wait_groups(4, timeout_s=120)
+        assert {g.n for g in groups} == {4}
+        await fl.wait_heartbeat(lambda h: h.stats.get("capped_waves", 0) >= 1, "a capped second wave counted")
+    finally:
+        await stop_actor(proc, fl)

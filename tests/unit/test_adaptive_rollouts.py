@@ -29,6 +29,25 @@ def test_the_rule_stops_a_settled_first_wave_and_completes_a_mixed_one():
         JobConfig(n_samples=64, rollouts="adaptive", first_wave=64)
 
 
+def test_the_step_sample_budget_lets_a_second_wave_start_only_if_it_fits_the_versions_count():
+    from actors.stats import WaveBudget
+    from config.loader import load_config
+
+    b = WaveBudget(100)
+    for _ in range(4):
+        b.charge(3, 16)  # four first waves under version 3: 64 used
+    assert b.fits(3, 36) and not b.fits(3, 37)  # a second wave of 36 fits, one of 37 would pass 100
+    b.charge(3, 36)
+    assert not b.fits(3, 1) and b.fits(4, 100) and b.used == 0  # a new version, a new count
+    assert WaveBudget(0).fits(3, 10**9)  # 0: no budget
+    with pytest.raises(ValueError, match="job.step_sample_budget = 64 caps adaptive rollouts"):
+        JobConfig(n_samples=32, step_sample_budget=64)
+    assert JobConfig(n_samples=32, rollouts="adaptive", first_wave=4, step_sample_budget=64).step_sample_budget == 64
+    with pytest.raises(ValueError, match="run.reproducible with job.step_sample_budget = 64"):
+        load_config("tiny-cpu", {"run.reproducible": True, "job.max_staleness": 0, "job.rollouts": "adaptive",
+                                 "job.first_wave": 4, "job.step_sample_budget": 64})
+
+
 def test_groups_of_varying_size_get_their_own_baseline_and_padding_gets_nothing():
     R = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 9.0, 9.0]])
     valid = torch.tensor([[True] * 4, [True] * 4, [True, True, False, False]])
