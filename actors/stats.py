@@ -23,6 +23,8 @@ class EngineGauge:
         self.max_running = 0
         self.prefill_steps = 0
         self.gen_tokens = 0
+        self.timeline: list[tuple[float, int, int]] | None = None
+        """Set to a list to keep (time, running sequences, tokens generated) per engine step (`full_rate`)."""
 
     def record(self, scheduler_stats, iteration_stats=None) -> None:
         """One engine step's `vllm.v1.metrics.stats.SchedulerStats` (None: a batch of outputs without stats)
@@ -35,9 +37,12 @@ class EngineGauge:
         self.waiting += scheduler_stats.num_waiting_reqs
         self.kv_use += scheduler_stats.kv_cache_usage
         self.max_running = max(self.max_running, scheduler_stats.num_running_reqs)
+        gen = getattr(iteration_stats, "num_generation_tokens", 0) if iteration_stats is not None else 0
         if iteration_stats is not None:
             self.prefill_steps += getattr(iteration_stats, "num_prompt_tokens", 0) > 0
-            self.gen_tokens += getattr(iteration_stats, "num_generation_tokens", 0)
+            self.gen_tokens += gen
+        if self.timeline is not None:
+            self.timeline.append((time.monotonic(), scheduler_stats.num_running_reqs, gen))
 
     def counters(self) -> dict[str, float]:
         """Cumulative: engine steps; the sums over them of running sequences, waiting ones, KV-cache use and
@@ -53,6 +58,22 @@ class EngineGauge:
         steps = after.get(f"{prefix}engine_steps", 0) - before.get(f"{prefix}engine_steps", 0)
         return {f"mean_{k}": (after.get(f"{prefix}{k}", 0) - before.get(f"{prefix}{k}", 0)) / steps if steps else 0.0
                 for k in GAUGED}
+
+
+def full_rate(timeline: list[tuple[float, int, int]], frac: float = 0.9) -> dict[str, float]:
+    """The engine's rate while it was full, from a `timeline` of (time, running sequences, tokens generated) per
+    step: over the steps from the first to the last that ran at least `frac` of the most sequences it ever ran
+    at once. A batch handed to an engine at once ends in a drain to its longest completion, with ever fewer
+    sequences running; its overall rate counts that tail, the full rate does not."""
+    if len(timeline) < 2:
+        return {"full_tokens_per_s": 0.0, "full_s": 0.0, "full_running_seqs": 0.0}
+    top = max(r for _, r, _ in timeline)
+    full = [i for i, (_, r, _) in enumerate(timeline) if r >= frac * top]
+    a, b = full[0], full[-1]
+    secs = timeline[b][0] - timeline[a][0]
+    window = timeline[a + 1: b + 1]  # each step's tokens came in the time since the step before
+    return {"full_tokens_per_s": sum(g for _, _, g in window) / secs if secs > 0 else 0.0, "full_s": secs,
+            "full_running_seqs": sum(r for _, r, _ in window) / len(window) if window else 0.0}
 
 
 GAUGED = ("running_seqs", "waiting_seqs", "kv_use", "prefill_steps", "gen_tokens")

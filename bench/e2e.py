@@ -91,9 +91,10 @@ async def _raw(cfg, prompts: int) -> dict:
     from taskdata import PromptRenderer
     from vllm.sampling_params import RequestOutputKind
 
-    from actors.stats import EngineGauge
+    from actors.stats import EngineGauge, full_rate
 
     gauge = EngineGauge()
+    gauge.timeline = []  # the rate while the engine was full, besides the batch's overall rate
     engine = make_async_engine(cfg, gauge)
     # the job's own prompts, ids 0.., rendered as the learner renders them (so the same budgets too)
     tasks = TaskStream(cfg, PromptRenderer.for_model(cfg.model.path, cfg.data, cfg.actor.max_model_len - 1))
@@ -117,6 +118,7 @@ async def _raw(cfg, prompts: int) -> dict:
     try:
         await one(-1, items[0])  # warm-up: the engine's first request compiles and captures
         before = gauge.counters()
+        gauge.timeline.clear()
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i, t) for i, t in enumerate(items)))
         wall = time.perf_counter() - t0
@@ -127,7 +129,7 @@ async def _raw(cfg, prompts: int) -> dict:
     # how full the engine was, per engine step, and how fast it stepped: what the loop's actor is compared with
     return {"prompts": prompts, "samples": n, "wall_s": wall, "samples_per_s": n / wall, "tokens_per_s": tokens / wall,
             "engine_steps_per_s": (after["engine_steps"] - before["engine_steps"]) / wall,
-            **EngineGauge.means(before, after)}
+            **EngineGauge.means(before, after), **full_rate(gauge.timeline)}
 
 
 def raw(preset: str, over: dict, prompts: int, gpu: int | None) -> dict:
@@ -266,10 +268,10 @@ def main() -> None:
     print("\nRaw engine (one " + ("GPU" if gpu else "CPU engine") + ")")
     print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s", "engine_steps_per_s",
                                       "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use", "mean_prefill_steps",
-                                      "mean_gen_tokens"]))
+                                      "mean_gen_tokens", "full_tokens_per_s", "full_s", "full_running_seqs"]))
     print("\nbrorl run (steady state)")
     print(table(runs, ["learner_gpus", "actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
-                       "actor_idle_share", "busy_of_raw", "tokens_of_raw", "busy_tokens_of_raw",
+                       "actor_idle_share", "busy_of_raw", "tokens_of_raw", "busy_tokens_of_raw", "busy_tokens_of_full_raw",
                        "engine_steps_per_busy_s", "learner_wait_share", "train_s_per_step",
                        "broadcast_s_per_step", "kept_share", "aborted_stale_requests", "learner_mfu",
                        "compiled_frames_after_step_1", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use",
@@ -283,6 +285,8 @@ def of_raw_tokens(r: dict, raw_row: dict) -> None:
     fair form of `of_raw` when the two runs' completions differ in length (samples are drawn per request)."""
     r["tokens_of_raw"] = r["per_actor_tokens_per_s"] / raw_row["tokens_per_s"]
     r["busy_tokens_of_raw"] = r["tokens_of_raw"] / max(1e-9, 1 - r["actor_idle_share"])
+    if raw_row.get("full_tokens_per_s"):  # against the raw engine while it was full (its drain left out)
+        r["busy_tokens_of_full_raw"] = r["busy_tokens_of_raw"] * raw_row["tokens_per_s"] / raw_row["full_tokens_per_s"]
 
 
 def _write(a, model: str, raws: dict, runs: list[dict]):

@@ -34,3 +34,25 @@ def test_every_gauged_counter_reaches_the_learners_metrics_rows():
 
     assert set(GAUGED) | {"engine_steps"} == set(EngineGauge().counters())
     assert set(EngineGauge().counters()) <= set(ACTOR_COUNTERS)
+
+
+def test_the_full_rate_leaves_out_the_ramp_and_the_drain_of_a_batch():
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+    from actors.stats import full_rate
+
+    g = EngineGauge()
+    assert g.timeline is None  # an actor's gauge keeps no timeline (a long job would grow it without end)
+    g.timeline = []
+    # ramp to 100 sequences, 10 steps full at 100 tokens a step, then a drain to 1 sequence
+    for running in [10, 50, 100] + [100] * 10 + [60, 30, 10, 5, 1]:
+        it = IterationStats()
+        it.num_generation_tokens = running
+        g.record(SchedulerStats(num_running_reqs=running), it)
+    t = [x[0] for x in g.timeline]
+    assert [x[1:] for x in g.timeline][:3] == [(10, 10), (50, 50), (100, 100)]
+    fr = full_rate(g.timeline)
+    # the window runs from the first step at >= 90 sequences to the last: 10 steps after the first of 11
+    assert fr["full_running_seqs"] == 100.0 and fr["full_s"] == t[12] - t[2]
+    assert fr["full_tokens_per_s"] == 1000 / (t[12] - t[2])
+    assert full_rate(g.timeline[:1]) == {"full_tokens_per_s": 0.0, "full_s": 0.0, "full_running_seqs": 0.0}
