@@ -237,16 +237,17 @@ def _saturation(d: dict) -> Table:
                                       ).replace("-", "−")
 
     stats = all("update KL" in r for r in d["table"])
+    with_k = bool(k) and all(f"pass@{k} start %" in r for r in d["table"])  # (results before pass@k: none)
     for r in d["table"]:
         at_k = [f"{_pm(r[f'pass@{k} start %'])} → {_pm(r[f'pass@{k} end %'])}", test(r["arm"], f"pass@{k}")] \
-            if k and f"pass@{k} start %" in r else []
+            if with_k else []
         moves = [_pm(r["update KL"], digits=3), f"{_pm(r['entropy start'], digits=2)} → {_pm(r['entropy end'], digits=2)}"] \
             if stats else []
         rows.append([ARM_NAMES.get(r["arm"], r["arm"]), str(r["steps"]),
                      f"{_pm(r['pass@1 start %'])} → {_pm(r['pass@1 end %'])}", _pm(r["gain (points)"], sign=True),
                      test(r["arm"], "pass@1"), *at_k, _pm(r["generated"], digits=0), _pm(r["pass rate %"]),
                      _pm(r["train wall s"], digits=0), *moves])
-    at_k = [f"held-out pass@{k} start → end (%)", f"pass@{k} paired test"] if rows and len(rows[0]) > 8 + 2 * stats else []
+    at_k = [f"held-out pass@{k} start → end (%)", f"pass@{k} paired test"] if with_k else []
     return (["phase 2 arm", "steps", "held-out pass@1 start → end (%)", "gain (points)",
              "paired test (ProRL: end vs start; BroRL: against continued ProRL)", *at_k, "generated samples",
              "dynamic-sampling pass rate (%)", "training wall time (s)",
