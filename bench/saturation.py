@@ -106,13 +106,14 @@ def token_level_prediction(arms: dict, q0: float, train_samples: int, seeds: int
     It has free logits per prompt, no weights shared between prompts: where it and the runs disagree, what it
     leaves out is the suspect. Gain of the correct mass in points and the share of correct tokens whose
     probability rose, mean over `seeds`."""
+    from learner.algorithm import scaled_lr
     from theory.simulator import SimConfig, simulate_one
 
     out = {}
     for arm, (o, scaled) in arms.items():
         per_step = o["job.n_samples"] * o["job.prompts_per_step"]
         steps = max(1, train_samples // per_step)
-        lr = BASE_LR * math.sqrt(per_step / BASE_SAMPLES) if scaled else BASE_LR
+        lr = scaled_lr(BASE_LR, BASE_SAMPLES if scaled else per_step, per_step)  # the learner's own rule
         trajs = [simulate_one(SimConfig(vocab=vocab, n_correct=max(1, round(q0 * vocab)), ns=(o["job.n_samples"],),
                                         steps=steps, lr=lr, init="uniform", seed=seed), o["job.n_samples"])
                  for seed in range(seeds)]
