@@ -144,6 +144,22 @@ def _e2e_gauge(d: dict) -> Table:
              "learner MFU", "frames compiled after step 1"], "lrrrrrrrrrrr", rows)
 
 
+def _e2e_full(d: dict) -> Table:
+    """A run whose raw engine also reports its rate while full (2026-11-30 on): the gauge's table with P1c (the
+    loop's samples/s against the raw engine's over the whole run) and P1a against the full engine's tokens/s."""
+    head, align, rows = _e2e_gauge(d)
+    raw = {r["n"]: r for r in d["raw"]}
+    for row, r in zip(rows, d["runs"]):
+        w = raw[r["n"]]
+        row[3:3] = [pct(r["of_raw"])]
+        row[6:6] = [pct(r["busy_tokens_of_full_raw"])]
+        row[7] = f"{r['engine_steps_per_busy_s']:.1f} / {w['engine_steps_per_s']:.1f}"
+    head[3:3] = ["of raw, whole run (samples)"]
+    head[6:6] = ["of the full raw engine while busy (tokens)"]
+    head[7] = "engine steps/s while busy, loop / raw"
+    return head, align + "rr", rows
+
+
 def _mfu_label(r: dict) -> str:
     ckpt = "no recomputation" if r.get("activation_checkpointing") is False else \
         f"{r.get('activation_checkpointing_fraction', 1.0):g} of the layers recomputed"
@@ -303,6 +319,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "weight-sync-nccl": ("weight_sync_nccl.json", _weight_sync),
     "learner-logprob-memory": ("learner.json", _logprob_memory),
     "padding": ("padding.json", _padding),
+    **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e_full) for tag in ("h200x2c_2048", "h200x2c_fp8")},
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e_gauge) for tag in ("h200x2b", "h200x2b_omp4", "h200x2")},
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e) for tag in ("h200_3l_p3", "h200_3l", "h100_2l", "h100_p3", "h100", "cpu")},
     "actor-runs": (tuple(f"{f}.json" for f in ACTOR_RUNS), _actor_runs),

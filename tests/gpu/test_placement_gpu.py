@@ -59,17 +59,28 @@ def test_brorl_run_on_two_gpus_places_the_roles_and_trains_with_updates_in_fligh
     assert "gpus = [0]" in written and "gpus = [1]" in written  # the placement, recorded
 
 
+# how a tensor-parallel actor is placed: NCCL weights need a GPU per rank (the learner + an actor of 2 = 3 GPUs);
+# over gloo the learner shares GPU 0 with the engine's first worker, so 2 GPUs do (docs/configuration.md)
+TP_PLACEMENTS = {
+    "nccl": (3, {}, "gpus = [1, 2]"),
+    "gloo": (2, {"transport.weight_backend": "gloo", "learner.gpus": [0], "actor.gpus": [0, 1],
+                 "actor.kv_cache_gib": 2}, "gpus = [0, 1]"),
+}
+
+
 @pytest.mark.gpu
-def test_brorl_run_with_a_tensor_parallel_actor(warm_model_dir, tmp_path):
-    """One actor with `actor.tensor_parallel_size = 2` on GPUs 1 and 2, the learner on GPU 0: the NCCL
-    weight group has a rank for each of the engine's two workers, every update reaches both, and the job
-    trains to the end."""
-    assert torch.cuda.device_count() >= 3, "this test needs 3 GPUs (the learner + an actor of 2)"
-    rows = run_on_gpus(warm_model_dir, tmp_path / "run", 10, **{"actor.tensor_parallel_size": 2})
+@pytest.mark.parametrize("backend", list(TP_PLACEMENTS))
+def test_brorl_run_with_a_tensor_parallel_actor(warm_model_dir, tmp_path, backend):
+    """One actor with `actor.tensor_parallel_size = 2`, the learner on GPU 0: the weight group has a rank for
+    each of the engine's two workers, every update reaches both, and the job trains to the end. Over NCCL the
+    actor takes GPUs 1 and 2; over gloo it takes GPUs 0 and 1, sharing GPU 0 with the learner."""
+    gpus, over, actor_gpus = TP_PLACEMENTS[backend]
+    assert torch.cuda.device_count() >= gpus, f"this test needs {gpus} GPUs over {backend} (the learner + an actor of 2)"
+    rows = run_on_gpus(warm_model_dir, tmp_path / "run", 10, **{"actor.tensor_parallel_size": 2, **over})
     assert [r["step"] for r in rows] == list(range(1, 11))
     written = (tmp_path / "run" / "config.toml").read_text()
-    assert "gpus = [0]" in written and "gpus = [1, 2]" in written
-    print("TP=2 run:", [{k: r[k] for k in ("step", "version", "mismatch_kl", "samples_per_s", "broadcast_s")}
+    assert "gpus = [0]" in written and actor_gpus in written
+    print(f"TP=2 run over {backend}:", [{k: r[k] for k in ("step", "version", "mismatch_kl", "samples_per_s", "broadcast_s")}
                         for r in rows])
     assert rows[-1]["version"] > rows[0]["version"]
     # both engine workers hold every update: a shard left behind would sample from other weights than
