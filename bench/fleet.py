@@ -65,24 +65,36 @@ def validate(seeds: int) -> list[dict]:
     return rows
 
 
-GPU_RUNS = ["e2e_h100", "e2e_h200_3l", "e2e_h200_3l_p3"]
+GPU_RUNS = ["e2e_h100", "e2e_h200_3l", "e2e_h200_3l_p3", "e2e_h200x2b", "e2e_h200x2b_omp4", "e2e_h200x2c_2048", "e2e_h200x2c_fp8"]
 """The end-to-end GPU runs validated against (`bench/results/<stem>.json` and each run's metrics beside it)."""
 
 
+H200_CALIBRATION = ("e2e_h200x2c_2048", 512)
+"""The run (and its N) whose rates `simulate-fleet --calibration h200-1.5b` takes: the 1 + 1 H200 loop at N = 512
+with 2,048-sample steps, the engine kept full (bench/results/fleet_calibration_h200.json)."""
+
+
 def gpu_validate(seeds: int) -> list[dict]:
+    from bench.common import stamp
+    from fleet.calibration import H200_DEFAULT, save
+
     rows = []
     for stem in GPU_RUNS:
-        rows += _gpu_validate_one(stem, seeds)
+        got, cals = _gpu_validate_one(stem, seeds)
+        rows += got
+        if stem == H200_CALIBRATION[0]:
+            save(cals[H200_CALIBRATION[1]], {**stamp(), "from": f"bench/results/{stem}.json"}, H200_DEFAULT)
     return rows
 
 
-def _gpu_validate_one(stem: str, seeds: int) -> list[dict]:
+def _gpu_validate_one(stem: str, seeds: int) -> tuple[list[dict], dict[int, dict]]:
+    """(each run of `stem` against its simulation, the calibration each simulation used by N)."""
     from bench.e2e import WARM, summarise
     from fleet.calibration import calibrate
 
     e2e = json.loads((RESULTS / f"{stem}.json").read_text())
     job, raw = e2e["job"], {r["n"]: r for r in e2e["raw"]}
-    rows = []
+    rows, cals = [], {}
     for run in e2e["runs"]:
         path = RESULTS / f"{stem}_run-{run['actors']}-n{run['n']}-{run['update']}.jsonl"
         metrics = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -93,9 +105,13 @@ def _gpu_validate_one(stem: str, seeds: int) -> list[dict]:
         cal = calibrate(steady, idle, run["n"], seqs, gen_half_seqs=128.0, spread=True)
         mean_tokens = sum(r["tokens"] for r in steady) / sum(r["generated"] for r in steady)
         load = sum(p["actor_update_s"] for p in summarise(metrics, run["actors"])["per_step"][WARM:]) / len(steady)
-        # the engine at the raw run's rate (it too had about `seqs` sequences at once)
-        rates = {**cal["rates"], "gen_tokens_per_s": raw[run["n"]]["samples_per_s"] * mean_tokens * (seqs + 128) / seqs,
-                 "load_s": load}
+        # the engine at the raw run's rate (it too had about `seqs` sequences at once): its tokens/s where the
+        # result has them (its completions drew other budgets than the loop's, so its samples/s would carry
+        # the difference in length), else its samples/s at the loop's mean length (results before 2026-11-29)
+        w = raw[run["n"]]
+        tokens_per_s = w.get("tokens_per_s") or w["samples_per_s"] * mean_tokens
+        rates = {**cal["rates"], "gen_tokens_per_s": tokens_per_s * (seqs + 128) / seqs, "load_s": load}
+        cals[run["n"]] = {**cal, "rates": rates}
         k = job.get("job.max_staleness", job.get("learner.max_staleness"))  # older results: K before [job]
         sims = [simulate(fleet_from({**cal, "rates": rates}, actors=run["actors"], n=run["n"],
                                     prompts_per_step=b, prompts_per_request=b,
@@ -116,7 +132,7 @@ def _gpu_validate_one(stem: str, seeds: int) -> list[dict]:
             row[f"{k}_measured"], row[f"{k}_predicted"] = measured[k], predicted[k]
             row[f"{k}_error"] = (predicted[k] - measured[k]) / measured[k] if measured[k] else predicted[k]
         rows.append(row)
-    return rows
+    return rows, cals
 
 
 def scaling(seeds: int) -> list[dict]:

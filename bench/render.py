@@ -27,6 +27,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PAGES = ROOT / "docs" / "benchmarks"
+OTHER_PAGES = [ROOT / "docs" / "fleet-simulator.md"]
+"""Pages outside docs/benchmarks with rendered tables."""
 BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /rendered -->)", re.S)
 
 Table = tuple[list[str], str, list[list[str]]]
@@ -158,6 +160,24 @@ def _e2e_full(d: dict) -> Table:
     head[6:6] = ["of the full raw engine while busy (tokens)"]
     head[7] = "engine steps/s while busy, loop / raw"
     return head, align + "rr", rows
+
+
+def _fleet_gpu(d: dict) -> Table:
+    """`bench.fleet --only gpu`: each end-to-end GPU run against the simulator's prediction for it."""
+    def pair(r: dict, key: str, fmt) -> str:
+        m, p = r[f"{key}_measured"], r[f"{key}_predicted"]
+        err = f" ({100 * (p - m) / m:+.0f} %)" if m > 0.05 else ""  # a ratio of a share near 0 means nothing
+        return f"{fmt(m)} → {fmt(p)}{err}"
+
+    rows = []
+    for r in d["gpu_validation"]:
+        card = r["card"].replace("NVIDIA ", "").split(" ")[0]
+        rows.append([f"{card}, {r['gpus']}, N = {r['n']}, {'kept' if r['update'] == 'keep' else 'finished'} "
+                     f"(`{r['run']}`)", pair(r, "samples_per_s", lambda x: n(x, 1)),
+                     pair(r, "wait_share", lambda x: pct(x, 1)), pair(r, "actor_idle_share", lambda x: pct(x, 1)),
+                     pair(r, "staleness_mean", lambda x: f"{x:.2f}")])
+    return (["card, GPUs (learner + actor), N, updates (run)", "samples/s measured → predicted", "learner waiting",
+             "actor idle", "mean staleness"], "lllll", rows)
 
 
 def _mfu_label(r: dict) -> str:
@@ -333,6 +353,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "learner-gpu-scale": ("learner_gpu.json", _learner_scale),
     "learner-gpu-longest": ("learner_gpu.json", _learner_longest),
     "learner-gpu-shared": ("learner_gpu.json", _learner_shared),
+    "fleet-gpu": ("fleet.json", _fleet_gpu),
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""
 
@@ -372,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="change nothing; fail where a page differs from its data")
     args = ap.parse_args(argv)
     stale = []
-    for page in sorted(PAGES.glob("*.md")):
+    for page in [*sorted(PAGES.glob("*.md")), *OTHER_PAGES]:
         text = page.read_text()
         new = render_page(text, page.name)
         if new == text:

@@ -5,7 +5,8 @@
 
 Every flag that takes a comma-separated list makes a grid (one simulation per combination). Component
 costs come from `--calibration` (default: the rates our benchmarks measured on this kind of machine,
-`bench/results/fleet_calibration.json`; `gpu-1.5b` for the 1.5B rates of our GPU benchmarks).
+`bench/results/fleet_calibration.json`; `gpu-1.5b` for the 1.5B rates of our GPU benchmarks; `h200-1.5b` for the
+1.5B rates of the whole loop on H200s at N = 512, `bench/results/fleet_calibration_h200.json`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--restart-s", type=float, default=30.0)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seeds", type=int, default=3, help="simulations averaged per grid point")
-    p.add_argument("--calibration", default=None, help="rates JSON, or gpu-1.5b")
+    p.add_argument("--calibration", default=None, help="rates JSON; gpu-1.5b (a 1.5B model from our component "
+                   "benchmarks), or h200-1.5b (a 1.5B model from the whole loop on H200s, bench.fleet --only gpu)")
     p.add_argument("--contention", type=float, default=None,
                    help="slowdown while the learner trains and an actor generates on shared cores (0.5: each "
                         "takes 1.5 x as long); 0: roles on devices of their own (default: the calibration's, "
@@ -78,6 +80,10 @@ def rates_and_shape(spec: str | None):
         from fleet.calibration import GPU_MODEL_GB, gpu_rates
 
         return gpu_rates(), 0.5, GPU_MODEL_GB
+    if spec == "h200-1.5b":
+        from fleet.calibration import H200_DEFAULT
+
+        spec = str(H200_DEFAULT)
     path = Path(spec) if spec else DEFAULT
     if not path.exists():
         if spec:

@@ -23,6 +23,8 @@ from learner.metrics import loop_seconds
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 DEFAULT = RESULTS / "fleet_calibration.json"
+H200_DEFAULT = RESULTS / "fleet_calibration_h200.json"
+"""A 1.5B job's rates from the whole loop on H200s (`python -m bench.fleet --only gpu`; `--calibration h200-1.5b`)."""
 
 
 def _pairs(metrics: list[dict]) -> list[tuple[dict, dict]]:

@@ -79,8 +79,12 @@ elif [ "$GPUS" -ge 4 ]; then
   # loop at steps that keep the engine full (2,048 samples: N = 16 × 128 prompts, N = 512 × 4), with the
   # learner on 3 GPUs and 1 actor (actor-bound: P1c against one raw engine) and on 2 GPUs with 2 actors;
   # then every gpu test (the tensor-parallel actor's needs 3 GPUs), the presets' and a user's data tests
-  step fleet python3 -m cli simulate-fleet --gpus 4 --calibration gpu-1.5b --n 16,512 --prompts-per-step 128,4 \
-       --max-staleness 1 --in-flight keep --mean-tokens 256 --length-sigma 0.8 --max-tokens 1024 --out "$R/fleet"
+  # (the simulator at the rates of the 1 + 1 H200 loop at N = 512, bench.e2e's job shape: budgets per prompt,
+  # log-normal σ = 1 around 256 capped at 1,024, 4 prompts a step and a request; it ran on the CPU too, 2026-11-30:
+  # 3 learner GPUs + 1 actor 105 samples/s, 2 + 2 105, 1 learner GPU + 3 actors 92 — docs/fleet-simulator.md)
+  step fleet python3 -m cli simulate-fleet --gpus 4 --calibration h200-1.5b --n 512 --prompts-per-step 4 \
+       --prompts-per-request 4 --max-staleness 1 --in-flight keep --mean-tokens 256 --length-sigma 1.0 \
+       --max-tokens 1024 --lengths prompt --keep-rate 1.0 --steps 12 --seeds 3 --out "$R/fleet"
   E2E=${E2E:-${TAG}x4}
   (while sleep 30; do runs; done) &
   snap=$!

@@ -298,3 +298,30 @@ def test_without_a_first_wave_the_adaptive_settings_change_nothing():
     """Fixed N ignores the adaptive rule's settings and draws no random number for them."""
     a, b = simulate(small(length_sigma=0.5)), simulate(small(length_sigma=0.5, settled_first=0.9))
     assert a == b
+
+
+def test_the_h200_calibration_is_the_loops_own_run_with_its_raw_engines_tokens_per_s(tmp_path):
+    """`--calibration h200-1.5b` is what `bench.fleet --only gpu` calibrates from the H200 loop at N = 512: the
+    engine at the raw run's tokens/s (not its samples/s at the loop's length: the two runs' completions drew
+    other budgets), the learner's step and the update from the run."""
+    import json
+
+    from bench.fleet import H200_CALIBRATION, _gpu_validate_one
+    from cli import main
+    from fleet.calibration import H200_DEFAULT, RESULTS, load
+
+    stem, n = H200_CALIBRATION
+    rows, cals = _gpu_validate_one(stem, seeds=1)
+    e2e = json.loads((RESULTS / f"{stem}.json").read_text())
+    raw = next(r for r in e2e["raw"] if r["n"] == n)
+    seqs = n * (e2e["samples_per_step"] // n)
+    assert cals[n]["rates"]["gen_tokens_per_s"] == pytest.approx(raw["tokens_per_s"] * (seqs + 128) / seqs)
+    assert raw["samples_per_s"] * cals[n]["mean_tokens"] < 0.8 * raw["tokens_per_s"]  # why samples/s would not do
+    saved = load(H200_DEFAULT)
+    assert saved["stamp"]["from"] == f"bench/results/{stem}.json"
+    assert {k: v for k, v in saved["rates"].items() if k != "train_s_spread"} == pytest.approx(
+        {k: v for k, v in cals[n]["rates"].items() if k != "train_s_spread"})
+    assert [r["n"] for r in rows] == [n] and rows[0]["samples_per_s_measured"] == e2e["runs"][0]["samples_per_s"]
+    assert main(["simulate-fleet", "--gpus", "4", "--calibration", "h200-1.5b", "--n", str(n), "--prompts-per-step", "4",
+                 "--steps", "4", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    assert len(json.loads((tmp_path / "fleet.json").read_text())["rows"]) == 3  # 1 + 3, 2 + 2, 3 + 1
