@@ -41,6 +41,9 @@ from config.placement import visible_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_STEP = 512  # on GPUs: N = 16 × 32 prompts, N = 512 × 1
+PER_CASE = ("job.n_samples", "job.prompts_per_step", "actor.prompts_per_request", "actor.num_actors", "actor.gpus")
+"""Settings that differ by case, left out of the results' shared `job` record (results before 2026-11-30 hold
+N = 16's there)."""
 WARM = 2  # steps left out of the steady state (the first wait for the engines' first groups)
 
 
@@ -296,8 +299,9 @@ def _write(a, model: str, raws: dict, runs: list[dict]):
     path = write_json("e2e" + (f"_{a.tag}" if a.tag else ""), {
         "shape": a.shape, "samples_per_step": a.samples_per_step if a.shape != "small" else 128,
         "command": "python -m bench.e2e " + " ".join(sys.argv[1:]),
+        # the settings every case shares (a case's N and prompts a step are its run's `n`, `prompts_per_step`)
         "job": {"preset": preset, **{k: v for k, v in {**over, **a.overrides}.items()
-                                     if "port" not in k and k != "model.path"}},
+                                     if "port" not in k and k != "model.path" and k not in PER_CASE}},
         "raw": list(raws.values()), "runs": runs})
     _plot(raws, runs, path.with_suffix(".png"))
     return path
@@ -331,7 +335,7 @@ def _one(a, model: str, case: tuple[int, int, str], first_gpu: int) -> dict:
     if a.shape == "small":
         over = {k: v for k, v in over.items() if k not in ("learner.gpus", "actor.gpus", "learner.devices", "learner.device")}
     r = run_case(preset, over, n_act, f"run-{a.learner_gpus}-{n_act}-n{n}-{up}")
-    return {"learner_gpus": a.learner_gpus, "n": n, "update": up, **r}
+    return {"learner_gpus": a.learner_gpus, "n": n, "update": up, "prompts_per_step": over["job.prompts_per_step"], **r}
 
 
 def _plot(raws: dict, runs: list[dict], out: Path, device: str | None = None) -> None:

@@ -99,14 +99,16 @@ def _logprob_memory(d: dict) -> Table:
 
 
 PADDING_CASES = {"one pass": "one pass, padded to the longest", "fixed rows (16)": "16 samples per pass, in shuffled order",
-                 "token budget": "`micro_batch_tokens` (sorted by length, the presets)",
+                 "greedy": "`micro_batch_tokens`, sorted by length, each pass filled to the budget (before 2026-11-30)",
+                 "token budget": "`micro_batch_tokens`, sorted by length, cut where the passes compute the fewest "
+                                 "positions (the presets)",
                  "shared prompt": "the same with `share_prompt` (one group per pass)"}
 
 
-def _padding(d: dict) -> Table:
+def _padding(d: dict, key: str = "rows") -> Table:
     return (["passes of each mini-batch", "passes", "padding", "positions computed"], "lrrr",
             [[PADDING_CASES.get(r["passes"], r["passes"]), str(r["count"]), pct(r["padding_frac"], 1),
-              f"{r['positions'] / 1e6:.3g} M"] for r in d["rows"]])
+              f"{r['positions'] / 1e6:.3g} M"] for r in d[key]])
 
 
 def _e2e(d: dict) -> Table:
@@ -339,6 +341,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "weight-sync-nccl": ("weight_sync_nccl.json", _weight_sync),
     "learner-logprob-memory": ("learner.json", _logprob_memory),
     "padding": ("padding.json", _padding),
+    "padding-n16": ("padding.json", lambda d: _padding(d, "rows_n16")),
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e_full) for tag in ("h200x2c_2048", "h200x2c_fp8")},
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e_gauge) for tag in ("h200x2b", "h200x2b_omp4", "h200x2")},
     **{f"e2e-{tag}": (f"e2e_{tag}.json", _e2e) for tag in ("h200_3l_p3", "h200_3l", "h100_2l", "h100_p3", "h100", "cpu")},

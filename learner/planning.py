@@ -57,10 +57,11 @@ class TrainGroup:
 
 
 def plan_step(groups: list[TrainGroup], cfg: LearnerConfig, *, world: int, generator: torch.Generator,
-              max_tokens: int, lr: float, shape: ModelShape, reuse_old: bool,
-              reference: bool) -> tuple[dict[str, float], list[RankShare]]:
+              max_tokens: int, lr: float, shape: ModelShape, reuse_old: bool, reference: bool,
+              multiple: int = 1, floor: int = 0) -> tuple[dict[str, float], list[RankShare]]:
     """The step's group-level metrics (and `_model_flops`, its model FLOPs: π_old of the first mini-batch not
-    counted with `reuse_old`, the reference forward with `reference`) and every rank's share."""
+    counted with `reuse_old`, the reference forward with `reference`) and every rank's share. `multiple`,
+    `floor`: how the trainer pads a pass (`logprobs.pack`), which the micro-batches' cuts take into account."""
     if not groups:
         raise ValueError("groups is empty: a step needs at least one group")
     # groups may differ in size (`job.rollouts = "adaptive"`): [G, N] tensors padded to the largest, `valid`
@@ -137,7 +138,8 @@ def plan_step(groups: list[TrainGroup], cfg: LearnerConfig, *, world: int, gener
         total = sum(unit.values())  # the whole mini-batch's (all ranks') tokens or sequences: the loss's divisor
         parts = [idx[slice(*rank_slice(len(idx), r, world))] for r in range(world)]
         shared = (group_of, [len(p) for p in prompts]) if cfg.share_prompt else (None, None)
-        micro = [micro_batches(p, seq_len, cfg.micro_batch_tokens, *shared) for p in parts]
+        micro = [micro_batches(p, seq_len, cfg.micro_batch_tokens, *shared, multiple=multiple, floor=floor)
+                 for p in parts]
         count = max(len(m) for m in micro)  # the same on every rank: collectives stay in step
         for r in range(world):
             passes = []

@@ -181,7 +181,8 @@ class Trainer:
             self._shape = ModelShape.of(self.model)
         return plan_step(groups, self.cfg, world=self.world, generator=self._gen, max_tokens=self.max_tokens,
                          lr=self.lr, shape=self._shape, reuse_old=self.reuse_old,
-                         reference=self.state.ref_model is not None)
+                         reference=self.state.ref_model is not None,
+                         multiple=PAD_MULTIPLE if self.cfg.compile else 1, floor=self.min_tokens)
 
     def run(self, share: RankShare) -> dict[str, float]:
         """Train on this rank's share of a step: π_old (and π_ref) of every micro-batch first, then one
