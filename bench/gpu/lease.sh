@@ -105,9 +105,9 @@ else
   # two or three GPUs. 2026-11-30's first lease measured the 1 + 1 loop (bench/results/e2e_h200x2b*) and passed the
   # 2-GPU tests but ran out of time in the presets' and user-data tests. So: every gpu test first (the code that
   # resolves the issue must pass them; the tensor-parallel actor over gloo shares GPU 0 with the learner, over NCCL
-  # it needs 3 GPUs), then the loop at N = 512 with 4 prompts a step (2,048 samples, so the engine does not drain
-  # to one prompt's longest completion), then N = 16 at 2,048-sample steps (P3 at one step size), then FP8 rollouts
-  # through the loop (the engine-vs-learner mismatch KL per step, truncated IS correcting it).
+  # it needs 3 GPUs), then the loop at N = 16 (the learner's new micro-batch cuts against e2e_h200x2b), at N = 512
+  # with 4 prompts a step (2,048 samples, so the engine does not drain to one prompt's longest completion), and at
+  # N = 16 with 2,048-sample steps (P3 at one step size); with FP8=1 also FP8 rollouts through the loop.
   # The engine-core processes of the raw engine and the loop's actor are profiled with py-spy during the N = 512
   # run (is a loop engine step slower than a raw one at the same batch because of its process's CPU time?)
   nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$R/apps_before.csv" 2>&1
@@ -125,6 +125,11 @@ else
   E2E=${E2E:-${TAG}x2}
   LOOP=(--shape qwen2-1.5b --set learner.backend=torch --set learner.activation_checkpointing=false
         --set learner.micro_batch_tokens=32768)
+  # N = 16 at 512-sample steps, as e2e_h200x2b measured it before the learner's passes were cut for the fewest
+  # positions (padding_frac 19-31 %, MFU 31 % there): what the cuts buy in the loop
+  step e2e_16 env CUDA_VISIBLE_DEVICES=0,1 python3 -m bench.e2e "${LOOP[@]}" --cases 1:16:keep --steps 6 \
+       --raw-steps 2 --tag "${E2E}_16"
+  runs n16; keep_bench "e2e_${E2E}_16.*"; rm -rf runs/bench/e2e/run-*
   (while sleep 30; do runs s2048; done) &
   snap=$!
   spy s2048 &
@@ -135,11 +140,13 @@ else
   step e2e_2048_16 env CUDA_VISIBLE_DEVICES=0,1 python3 -m bench.e2e "${LOOP[@]}" --cases 1:16:keep \
        --samples-per-step 2048 --steps 5 --raw-steps 2 --tag "${E2E}_2048_16"
   runs s2048_16; keep_bench "e2e_${E2E}_2048_16*"; rm -rf runs/bench/e2e/run-*
-  (while sleep 30; do runs fp8; done) &
-  snap=$!
-  step e2e_fp8 env CUDA_VISIBLE_DEVICES=0,1 python3 -m bench.e2e "${LOOP[@]}" --cases 1:16:keep --steps 5 \
-       --raw-steps 2 --set actor.quantization=fp8 --tag "${E2E}_fp8"
-  kill $snap; runs fp8; keep_bench "e2e_${E2E}_fp8*"; rm -rf runs/bench/e2e/run-*
+  if [ "${FP8:-0}" = 1 ]; then  # measured on 2026-11-30 (e2e_h200x2c_fp8): FP8=1 to run it again
+    (while sleep 30; do runs fp8; done) &
+    snap=$!
+    step e2e_fp8 env CUDA_VISIBLE_DEVICES=0,1 python3 -m bench.e2e "${LOOP[@]}" --cases 1:16:keep --steps 5 \
+         --raw-steps 2 --set actor.quantization=fp8 --tag "${E2E}_fp8"
+    kill $snap; runs fp8; keep_bench "e2e_${E2E}_fp8*"; rm -rf runs/bench/e2e/run-*
+  fi
 fi
 kill $smi 2>/dev/null
 pack
