@@ -110,10 +110,10 @@ def _gpu_validate_one(stem: str, seeds: int) -> tuple[list[dict], dict[int, dict
         # the difference in length), else its samples/s at the loop's mean length (results before 2026-11-29)
         w = raw[run["n"]]
         tokens_per_s = w.get("tokens_per_s") or w["samples_per_s"] * mean_tokens
-        rates = {**cal["rates"], "gen_tokens_per_s": tokens_per_s * (seqs + 128) / seqs, "load_s": load}
-        cals[run["n"]] = {**cal, "rates": rates}
+        cal = cals[run["n"]] = {**cal, "rates": {**cal["rates"], "gen_tokens_per_s": tokens_per_s * (seqs + 128) / seqs,
+                                                 "load_s": load}}
         k = job.get("job.max_staleness", job.get("learner.max_staleness"))  # older results: K before [job]
-        sims = [simulate(fleet_from({**cal, "rates": rates}, actors=run["actors"], n=run["n"],
+        sims = [simulate(fleet_from(cal, actors=run["actors"], n=run["n"],
                                     prompts_per_step=b, prompts_per_request=b,
                                     max_staleness=k, mean_tokens=job["actor.length_median"],
                                     length_sigma=job.get("actor.length_sigma", 1.0),  # the schema default

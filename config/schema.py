@@ -176,8 +176,8 @@ class LearnerConfig(Section):
     micro_batch_tokens: int = Field(0, ge=0)
     """Token budget of one forward/backward pass: a rank's part of each mini-batch is sorted by length and
     cut into micro-batches of at most this many padded tokens (rows × longest prompt + completion; a
-    longer single sample goes alone), where they compute the fewest positions; their gradients accumulate into one optimizer step whose loss is
-    exactly the whole mini-batch's. 0: each mini-batch in one pass."""
+    longer single sample goes alone), where they compute the fewest positions; their gradients accumulate
+    into one optimizer step whose loss is exactly the whole mini-batch's. 0: each mini-batch in one pass."""
 
     share_prompt: bool = False
     """Compute each group's prompt once per micro-batch: the decoder runs on the prompt, then on the
