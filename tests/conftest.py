@@ -33,7 +33,7 @@ HANG_DUMP_S = 600.0  # before pytest-timeout's ceiling (pyproject.toml): what a 
 def pytest_runtest_call(item):
     """A test still running after HANG_DUMP_S prints every pending asyncio task's stack (an idle event loop
     shows nothing in a thread dump); the output is shown with the failure when the timeout ends it."""
-    timer = threading.Timer(HANG_DUMP_S, _dump_tasks, args=(item.nodeid,))
+    timer = threading.Timer(HANG_DUMP_S, _dump_tasks, args=(item,))
     timer.daemon = True
     timer.start()
     try:
@@ -42,17 +42,42 @@ def pytest_runtest_call(item):
         timer.cancel()
 
 
-def _dump_tasks(nodeid: str) -> None:
+def _dump_tasks(item) -> None:
+    """To the terminal, past pytest's capture: pytest-timeout ends an xdist worker with os._exit, and what
+    the worker had captured is lost with it."""
     import asyncio
     import gc
     import io
     import sys
 
     out = io.StringIO()
-    print(f"\n=== {nodeid}: still running after {HANG_DUMP_S:.0f} s; pending asyncio tasks ===", file=out)
+    print(f"\n=== {item.nodeid}: still running after {HANG_DUMP_S:.0f} s; pending asyncio tasks ===", file=out)
     for task in [o for o in gc.get_objects() if type(o) is asyncio.Task and not o.done()]:
         task.print_stack(file=out)
-    sys.stderr.write(out.getvalue())
+    with item.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        sys.stderr.write(out.getvalue())
+        sys.stderr.flush()
+
+
+def pytest_configure(config):
+    """Every process this pytest process starts carries its pid in the environment, and a reaper process
+    kills whatever of them outlives it (tests/support/reaper.py): a worker that pytest-timeout ends leaves
+    no engine or learner running into the rest of the run."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.support.reaper import OWNER_TAG
+
+    me = psutil.Process()
+    env = {k: v for k, v in os.environ.items() if k != OWNER_TAG}
+    capman = config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled():  # its word on what it killed goes to the terminal, not a capture
+        subprocess.Popen([sys.executable, "-m", "tests.support.reaper", str(me.pid), repr(me.create_time())],
+                         cwd=str(config.rootpath), env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL)
+    os.environ[OWNER_TAG] = str(me.pid)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,6 +19,7 @@ from learner.metrics import read
 from learner.service import LearnerService
 from tests.integration.test_learner_service import B, N, job
 from tests.support.fake_actor import FakeActor
+from tests.support.waiting import until
 from transport import wire
 from transport.security import generate
 from transport.zmq_transport import ActorSockets, Security
@@ -123,11 +124,13 @@ async def test_forged_ids_and_hellos_stay_bounded_and_start_no_rendezvous(tiny_m
     flood = None
     try:
         await actor.start()
-        while svc.version < 2:  # optimizer state exists: what follows is steady state
-            await asyncio.sleep(0.01)
+        await until(lambda: svc.version >= 2 or service.done(), "the learner at version 2", 120,
+                    lambda: f"version {svc.version}", poll_s=0.01)  # optimizer state exists: steady state follows
         rss0 = me.memory_info().rss
         flood = subprocess.Popen([sys.executable, "-c", FLOOD, ep.url(ep.work_port)], stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
         while not service.done():
+            assert time.monotonic() < deadline, f"the job did not finish under the flood: version {svc.version} of 30"
             assert len(svc.members.incarnations) <= 64 and len(svc.members.addresses) <= 64
             named = svc.members.alive() + svc.members.group + list(svc.sockets.control.weights.get("offsets", {}))
             assert set(named) <= {"a0"}, named  # no forged id is ever a member or named by a rendezvous

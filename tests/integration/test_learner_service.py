@@ -15,6 +15,7 @@ from config.loader import load_config
 from learner.metrics import read
 from learner.service import LearnerService
 from tests.support.fake_actor import FakeActor
+from tests.support.waiting import until
 from transport.ports import free_ports
 
 N, B = 4, 2
@@ -50,8 +51,15 @@ async def run_job(cfg, actors, during=None, timeout_s=120.0) -> LearnerService:
         await until_alive(svc, {a.actor_id for a in actors})
         for a in actors:
             a.may_work.set()
-        if during is not None:
-            await during(svc)
+        if during is not None:  # what the test does during the job; the job ending first fails it, with the reason
+            act = asyncio.create_task(during(svc), name="during")
+            await asyncio.wait({act, service}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if not act.done():
+                act.cancel()
+                raise AssertionError("the job ended before the test's action during it was done" if service.done()
+                                     else f"the test's action during the job took over {timeout_s:.0f} s") \
+                    from (service.exception() if service.done() else None)
+            act.result()
         assert await asyncio.wait_for(service, timeout_s) == 0
     finally:
         service.cancel()
@@ -60,12 +68,14 @@ async def run_job(cfg, actors, during=None, timeout_s=120.0) -> LearnerService:
     return svc
 
 
-async def between_updates(actor: FakeActor, svc: LearnerService, version: int) -> None:
+async def between_updates(actor: FakeActor, svc: LearnerService, version: int, timeout_s: float = 90.0) -> None:
     """Wait until the learner is at `version` or later and `actor` has loaded it: an in-process FakeActor
     cannot stop a gloo call running in a thread the way SIGKILL stops a process, so tests kill it between
     weight updates."""
-    while svc.version < version or (actor.received_versions or [0])[-1] < svc.version or actor._weights_lock.locked():
-        await asyncio.sleep(0.01)
+    await until(lambda: svc.version >= version and (actor.received_versions or [0])[-1] >= svc.version
+                and not actor._weights_lock.locked(), f"{actor.actor_id} holding version {version} or later",
+                timeout_s, lambda: f"the learner at version {svc.version}, group {svc.members.group}, alive "
+                f"{svc.members.alive()}; {actor.actor_id} received {actor.received_versions[-4:]}", poll_s=0.01)
 
 
 def ledger(run_dir: Path) -> list[dict]:
@@ -235,8 +245,8 @@ async def test_the_only_actor_gone_the_learner_waits_quietly_for_the_next(tiny_m
     async def die_then_come_back(svc):
         await between_updates(first, svc, 2)
         await first.kill()
-        while svc.members.alive():  # evicted after the heartbeat timeout
-            await asyncio.sleep(0.05)
+        await until(lambda: not svc.members.alive(), "the dead actor evicted after the heartbeat timeout", 60,
+                    lambda: f"alive {svc.members.alive()}", poll_s=0.05)
         published, publish = [], svc.sockets.control.publish
 
         async def recording(kind, **payload):
