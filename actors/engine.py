@@ -89,7 +89,11 @@ def _gauge_logger(gauge):
 
 
 def offline_env() -> None:
-    """Environment for an engine that must never reach a model hub or phone home."""
+    """Environment for an engine that must never reach a model hub or phone home, and whose processes end
+    with this one (`actors.engine_watch`)."""
+    from actors.engine_watch import mark_owner
+
+    mark_owner()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")

@@ -72,6 +72,37 @@ def test_sigkill_of_the_learner_resumes_with_actors_left_running(warm_model_dir,
     assert rows[-1]["step"] == 10 and rows[-1]["version"] == 10
 
 
+def test_an_actor_killed_by_pid_takes_its_engine_with_it(warm_model_dir, tmp_path):
+    """SIGKILL of a `brorl actor` with no launcher around it (a supervisor that signals only its pid, or a user):
+    its vLLM engine core and the core's worker end too (actors/engine_watch.py), where they used to run on
+    holding their memory (with this tiny model 2.5 GiB of RSS; on a GPU, the memory its replacement needs)."""
+    import psutil
+    from importlib.metadata import entry_points
+
+    assert any(e.value == "actors.engine_watch:register" for e in entry_points(group="vllm.general_plugins")), \
+        "brorl is not installed (pip install -e .): vLLM finds no engine watch to load"
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(to_toml(job(warm_model_dir, tmp_path, steps=8)))
+    actor = subprocess.Popen([sys.executable, "-m", "cli", "actor", "--config", str(cfg_path), "--actor-id", "a0"],
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=open(tmp_path / "actor.log", "wb"), stderr=subprocess.STDOUT)
+    engine: list = []
+    try:
+        def built():  # no learner: the actor builds its engine, then waits for one
+            engine[:] = tree(actor.pid)[1:]
+            return any("EngineCore" in " ".join(psutil.Process(p).cmdline()) + psutil.Process(p).name()
+                       for p in alive(engine))
+        wait_for(built, 240, "no vLLM engine core under the actor")
+        actor.kill()
+        actor.wait()
+        wait_for(lambda: not alive(engine), 40, f"the killed actor's engine processes run on: {alive(engine)}")
+    finally:
+        if actor.poll() is None:
+            actor.kill()
+        for pid in alive(engine):
+            os.kill(pid, signal.SIGKILL)
+
+
 def start_brorl_run(model_dir: str, tmp_path: Path) -> subprocess.Popen:
     """`brorl run --no-eval` as a process, on a long job that checkpoints only when stopped (and at 100)."""
     return brorl_run_process(job(model_dir, tmp_path, steps=200, **{"learner.checkpoint_interval": 100}), tmp_path)

@@ -1,0 +1,45 @@
+"""A vLLM engine brorl builds ends when the process that built it does, however that process died.
+
+vLLM runs an engine's core in a process of its own (its workers watch the core through a pipe, but the core does
+not watch its parent): an actor killed with SIGKILL left its engine core and worker running, holding their memory
+(2.5 GiB of RSS with the tiny CPU model; on a GPU host, the GPU memory the actor's replacement needs). `brorl run`
+and the Ray launcher kill a dead role's process group, but a process killed by pid under another supervisor, or by
+hand, was not covered.
+
+The owner marks its environment (`mark_owner`, from `actors.engine.offline_env`, before any engine is built);
+vLLM loads `register` in every process it starts as a general plugin (the `vllm.general_plugins` entry point in
+pyproject.toml); in the engine core — the owner's direct child — it starts a thread that, once the owner is gone,
+sends the core SIGTERM (vLLM's own shutdown, which ends its workers) and SIGKILL after `GRACE_S`. Anywhere else it
+does nothing: the owner itself, an engine's workers (children of the core), any program not started by brorl.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+OWNER = "BRORL_ENGINE_OWNER"
+GRACE_S = 10.0
+
+
+def mark_owner() -> None:
+    """The engines this process builds from now on die with it."""
+    os.environ[OWNER] = str(os.getpid())
+
+
+def register() -> None:
+    """vLLM's general-plugin hook."""
+    owner = os.environ.get(OWNER, "")
+    if not owner.isdigit() or int(owner) == os.getpid() or os.getppid() != int(owner):
+        return
+    threading.Thread(target=_watch, args=(int(owner),), daemon=True, name="brorl-engine-watch").start()
+
+
+def _watch(owner: int, poll_s: float = 1.0) -> None:
+    while os.getppid() == owner:  # an orphan is re-parented (to init or a subreaper): the owner is gone
+        time.sleep(poll_s)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(GRACE_S)
+    os.kill(os.getpid(), signal.SIGKILL)
