@@ -43,8 +43,8 @@ def pytest_runtest_call(item):
 
 
 def _dump_tasks(item) -> None:
-    """To the terminal, past pytest's capture: pytest-timeout ends an xdist worker with os._exit, and what
-    the worker had captured is lost with it."""
+    """To the terminal, past pytest's capture: a worker that then dies (a fatal signal) loses what it had
+    captured."""
     import asyncio
     import gc
     import io
@@ -61,7 +61,7 @@ def _dump_tasks(item) -> None:
 
 def pytest_configure(config):
     """Every process this pytest process starts carries its pid in the environment, and a reaper process
-    kills whatever of them outlives it (tests/support/reaper.py): a worker that pytest-timeout ends leaves
+    kills whatever of them outlives it (tests/support/reaper.py): a worker that dies of a fatal signal leaves
     no engine or learner running into the rest of the run."""
     import subprocess
     import sys

@@ -88,10 +88,16 @@ def test_an_actor_killed_by_pid_takes_its_engine_with_it(warm_model_dir, tmp_pat
                              stdout=open(tmp_path / "actor.log", "wb"), stderr=subprocess.STDOUT)
     engine: list = []
     try:
+        def core(pid: int) -> bool:
+            try:
+                p = psutil.Process(pid)
+                return "EngineCore" in p.name() + " ".join(p.cmdline())
+            except psutil.Error:  # a short-lived child (the verifier self-test) that has just exited
+                return False
+
         def built():  # no learner: the actor builds its engine, then waits for one
             engine[:] = tree(actor.pid)[1:]
-            return any("EngineCore" in " ".join(psutil.Process(p).cmdline()) + psutil.Process(p).name()
-                       for p in alive(engine))
+            return any(core(p) for p in engine)
         wait_for(built, 240, "no vLLM engine core under the actor")
         actor.kill()
         actor.wait()

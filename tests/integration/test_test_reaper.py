@@ -1,5 +1,5 @@
 """The test suite's own safety net (tests/support/reaper.py): when a pytest process dies without cleaning up
-(pytest-timeout's os._exit, a fatal signal), what it started is killed — and only that."""
+(a fatal signal, SIGKILL), what it started is killed — and only that."""
 
 import os
 import signal
@@ -39,7 +39,7 @@ def test_what_a_dead_pytest_process_started_is_killed_and_nothing_else():
                                   stderr=subprocess.PIPE, text=True)
         time.sleep(1.5)
         assert psutil.pid_exists(child) and psutil.pid_exists(grandchild)  # nothing killed while the owner lives
-        owner.send_signal(signal.SIGKILL)  # dies as a worker ended by os._exit does: no clean-up of its own
+        owner.send_signal(signal.SIGKILL)  # dies as a crashed worker does: no clean-up of its own
         owner.wait()
         err = reaper.communicate(timeout=30)[1]
         assert reaper.returncode == 0, err

@@ -1,5 +1,5 @@
 """`python -m tests.support.reaper OWNER_PID CREATE_TIME`: wait until the test process OWNER_PID has exited (however:
-pytest-timeout ends a stuck xdist worker with os._exit, which runs no fixture's teardown), then SIGKILL every
+a fatal signal ends an xdist worker without any fixture's teardown), then SIGKILL every
 process still carrying its tag in the environment (`OWNER_TAG`, which every process it started inherits: roles,
 their vLLM engine cores, Ray's daemons). A stuck test then costs its own timeout, not the rest of the run's CPU and
 memory to the engines and learners it left behind. Started by tests/conftest.py, one per pytest process."""

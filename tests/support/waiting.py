@@ -1,6 +1,6 @@
 """Waiting in a test for something another task or process does: never without a deadline. A condition that
 never comes fails the test within its own timeout, naming what did not happen and the state it was in, instead
-of holding the test until pytest-timeout kills the whole worker (and everything it started) at 900 s."""
+of holding it until pytest-timeout's 900 s, with nothing said of what it waited for."""
 
 from __future__ import annotations
 
