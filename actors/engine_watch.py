@@ -15,6 +15,7 @@ does nothing: the owner itself, an engine's workers (children of the core), any 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -25,8 +26,19 @@ GRACE_S = 10.0
 
 
 def mark_owner() -> None:
-    """The engines this process builds from now on die with it."""
+    """The engines this process builds from now on die with it; a warning where vLLM cannot load the watch."""
     os.environ[OWNER] = str(os.getpid())
+    if not loadable():
+        logging.getLogger("brorl.actor").warning(
+            "brorl is not installed as a package (pip install -e .): vLLM cannot load its engine watch, so this "
+            "process's vLLM engine would outlive it if it were killed with SIGKILL")
+
+
+def loadable() -> bool:
+    """Can vLLM find the watch (brorl installed, its entry point registered)?"""
+    from importlib.metadata import entry_points
+
+    return any(e.value == f"{__name__}:register" for e in entry_points(group="vllm.general_plugins"))
 
 
 def register() -> None:

@@ -77,10 +77,10 @@ def test_an_actor_killed_by_pid_takes_its_engine_with_it(warm_model_dir, tmp_pat
     its vLLM engine core and the core's worker end too (actors/engine_watch.py), where they used to run on
     holding their memory (with this tiny model 2.5 GiB of RSS; on a GPU, the memory its replacement needs)."""
     import psutil
-    from importlib.metadata import entry_points
 
-    assert any(e.value == "actors.engine_watch:register" for e in entry_points(group="vllm.general_plugins")), \
-        "brorl is not installed (pip install -e .): vLLM finds no engine watch to load"
+    from actors.engine_watch import loadable
+
+    assert loadable(), "brorl is not installed (pip install -e .): vLLM finds no engine watch to load"
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(to_toml(job(warm_model_dir, tmp_path, steps=8)))
     actor = subprocess.Popen([sys.executable, "-m", "cli", "actor", "--config", str(cfg_path), "--actor-id", "a0"],
