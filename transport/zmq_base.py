@@ -17,9 +17,13 @@ from transport import wire
 
 log = logging.getLogger("brorl.transport")
 HEADER_FRAME = wire.MAX_HEADER_BYTES + 4096  # frames of header-only messages (all but groups)
-# ZMTP heartbeats (seconds): a PING every 10 s; a TCP peer that has not answered for 60 s (a host that
-# vanished without closing its connections, a partition) is disconnected, and its state in libzmq freed
-ZMTP_HEARTBEAT = (10.0, 60.0)
+# ZMTP heartbeats (seconds): off. libzmq 4.3.5 aborts the process when its heartbeat timer (or a PING) fires
+# on a connection whose peer hung up while the receiving queue was full (zeromq/libzmq#4841): a busy learner
+# whose actor is killed. TCP keepalives drop a vanished host instead (`TCP_KEEPALIVE`, below).
+ZMTP_HEARTBEAT = (0.0, 0.0)
+# TCP keepalive (seconds): probes after 30 s of silence, 3 unanswered 10 s apart drop the connection (a host
+# that vanished without closing it, a partition), and libzmq frees what it held for it
+TCP_KEEPALIVE = (30, 10, 3)
 
 
 @dataclass
@@ -52,7 +56,8 @@ class Security:
 @dataclass(frozen=True)
 class Limits:
     """Socket-level bounds: `max_frame` bytes per received frame (`wire.max_frame_bytes`); ZMTP heartbeat
-    every `heartbeat_s`, a peer silent for `heartbeat_timeout_s` is disconnected (0: off)."""
+    every `heartbeat_s`, a peer silent for `heartbeat_timeout_s` is disconnected (0: off, the default: see
+    `ZMTP_HEARTBEAT`)."""
 
     hwm: int = 64
     max_frame: int = -1
@@ -100,6 +105,11 @@ class Nack:
 def _tune(sock: zmq.Socket, lim: Limits) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, lim.max_frame)
+    idle, interval, count = TCP_KEEPALIVE
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, idle)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, interval)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, count)
     if lim.heartbeat_s > 0:
         sock.setsockopt(zmq.HEARTBEAT_IVL, int(lim.heartbeat_s * 1000))
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(lim.heartbeat_timeout_s * 1000))

@@ -31,7 +31,7 @@ its id is NACKed: `RolloutReceiver.nacks`). A group that does not name its sende
 actor prefix is not its actor id, or with CURVE its actor id is not the connection key's actor) is refused
 before the duplicate table is touched, and NACKed to the authenticated sender only. Frames larger than
 any valid message of the job are refused by libzmq itself (ZMQ_MAXMSGSIZE: the peer is disconnected
-before the frame is buffered), and ZMTP heartbeats drop TCP peers that went silent. Each received message leaves its connection's `Peer` (address, and the
+before the frame is buffered), and TCP keepalives drop peers whose host vanished. Each received message leaves its connection's `Peer` (address, and the
 ZAP User-Id with CURVE) in `last_peer`, for the learner's identity checks.
 """
 

@@ -274,8 +274,8 @@ async def test_fuzzing_every_bound_socket_while_valid_traffic_flows():
 
 
 async def test_zmtp_heartbeats_drop_a_peer_that_stopped_answering():
-    """A peer whose process is frozen (as a vanished host looks: no FIN, no answer) is disconnected by the
-    learner's sockets once its heartbeat timeout passes; one that answers stays connected."""
+    """With ZMTP heartbeats configured (off by default: see the test above), a peer whose process is frozen
+    (no FIN, no answer) is disconnected once its heartbeat timeout passes; one that answers stays connected."""
     import signal
 
     import zmq
@@ -304,6 +304,50 @@ async def test_zmtp_heartbeats_drop_a_peer_that_stopped_answering():
         ls.work.sock.disable_monitor()
         monitor.close(linger=0)
         ls.close()
+
+
+_BUSY_LEARNER = """
+import os, subprocess, sys, time
+import zmq
+from transport.zmq_transport import ActorSockets, Endpoints, LearnerSockets
+ls = LearnerSockets(Endpoints("127.0.0.1", 0, 0, 0), hwm=2)
+actor = ActorSockets(ls.endpoints, "a0")
+socks = [ls.work.sock, ls.rollouts.sock, ls.control.sock, actor.work.sock, actor.rollouts.sock, actor.control.sock]
+print([(s.getsockopt(zmq.HEARTBEAT_IVL), s.getsockopt(zmq.TCP_KEEPALIVE)) for s in socks], flush=True)
+peer = ("import os, sys, time, zmq\\nc = zmq.Context()\\np = c.socket(zmq.PUSH)\\np.setsockopt(zmq.SNDHWM, 1000)\\n"
+        "p.connect(sys.argv[1])\\n[p.send(b'x' * 100000) for _ in range(200)]\\ntime.sleep(1.0)\\n"
+        "print('sent', flush=True)\\nos.kill(os.getpid(), 9)\\n")
+rx = zmq.Socket.shadow(ls.rollouts.sock.underlying)
+for _ in range(2):
+    p = subprocess.Popen([sys.executable, "-c", peer, ls.endpoints.url(ls.endpoints.rollout_port)], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"sent"
+    p.wait()
+    time.sleep(1.0)  # the peer is gone while the learner's queue from it is full
+    n = 0
+    while rx.poll(200):
+        rx.recv()
+        n += 1
+    print("drained", n, flush=True)
+actor.close()
+ls.close()
+print("alive", flush=True)
+"""
+
+
+def test_a_learner_busy_when_its_actor_dies_is_not_aborted_by_libzmq():
+    """An actor killed while the learner's queue from it is full (a learner busy training): with ZMTP heartbeats
+    on, libzmq 4.3.5 aborts the learner's process at the next heartbeat ("Assertion failed: !_io_error",
+    zeromq/libzmq#4841). The learner's and the actor's sockets run without them (TCP keepalives instead) and
+    the learner outlives two such deaths, draining what each sent."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _BUSY_LEARNER], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    lines = out.stdout.splitlines()
+    assert lines[0] == str([(0, 1)] * 6), lines[0]  # no heartbeat timer, keepalive on, every socket
+    assert [ln.split()[0] for ln in lines[1:]] == ["drained"] * 2 + ["alive"], lines
+    assert all(int(ln.split()[1]) > 2 for ln in lines[1:3]), lines  # more than the high-water mark: it was full
 
 
 async def test_lost_control_messages_are_noticed_and_answered_by_a_new_snapshot():
