@@ -51,11 +51,11 @@ def alternatives(reference: str) -> list[str]:
 
 
 def check_reference(reference: str) -> str:
-    """An empty reference, list of accepted answers, or accepted answer is refused at load."""
+    """An empty reference, list of accepted answers, or accepted answer (`""`, `\\boxed{}`) is refused at load."""
     alts = alternatives(reference)
     if not alts:
         return "an empty list of accepted answers"
-    empty = [i for i, a in enumerate(alts) if not _dollars(a).strip("$ ")]
+    empty = [i for i, a in enumerate(alts) if not re.sub(r"\\(?:boxed|fbox)\s*\{\s*\}", "", a).strip("$ \n")]
     if empty:
         return "an empty reference" if alts == [reference] else \
             f"accepted answer(s) {empty} of {reference[:80]!r} are empty: remove them or fix the data"
