@@ -108,6 +108,8 @@ def load_source(src: DataSource, cfg: DataConfig, role: Role, *, exclude: set[st
         out.tasks.append(t)
     if out.bad:
         log.warning("%s: %d of %d rows left out; the first: %s", path, len(out.bad), out.counts["rows"], out.bad[0])
+    if not out.counts["rows"]:
+        raise DataError(f"{path}: holds no rows")
     if not out.tasks and role != "heldout":
         first = f"; the first bad row: {out.bad[0]}" if out.bad else ""
         raise DataError(f"{path}: no usable {role} row ({out.counts}){first}")
