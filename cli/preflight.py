@@ -6,8 +6,8 @@ In order: the data files (each exists, is readable in a known layout and has a u
 `ROWS_CHECKED` rows of each are read here), the model folder (config.json, a tokenizer that loads, weights),
 the first rows of every training file rendered with the model's tokenizer (a file none of whose rows
 renders is refused with the fix), the procedural task when there are no files, the ports (a taken port is
-refused; a port of 0 is replaced by a free one here, so every role is started with the same real ports) and
-the run folder (writable). A failure raises `PreflightError`: one line naming the cause and the fix, and
+refused; a port of 0 is replaced by a free one here, so every role is started with the same real ports; the
+run folder (writable) is checked before the ports. A failure raises `PreflightError`: one line naming the cause and the fix, and
 nothing written. It returns the config the roles run with (ports resolved).
 """
 
@@ -35,9 +35,8 @@ def preflight(cfg, *, resume: bool = False, cluster: str | None = None):
         _render(cfg, tok, loaded)
     if not cfg.data.train:
         _generator(cfg)
-    cfg = _ports(cfg, cluster)
     _run_dir(cfg)
-    return cfg
+    return _ports(cfg, cluster)  # last: its word on chosen ports is said only for a run that starts
 
 
 def _fail(msg: str):

@@ -137,14 +137,16 @@ def _did_you_mean(loc: tuple) -> str:
         if not (isinstance(model, type) and hasattr(model, "model_fields")):
             return ""
     names = list(model.model_fields)
+    other = [f"{sec}.{parts[-1]}" for sec, f in BrorlConfig.model_fields.items()
+             if len(parts) == 2 and parts[-1] in getattr(f.annotation, "model_fields", {})]
+    if other:  # the same key in another section (`learner.n_samples` for `job.n_samples`)
+        return f"; did you mean {other[0]}?"
     close = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0.6)
-    if not close and model is BrorlConfig:
+    if close:
+        return f"; did you mean {'.'.join(parts[:-1] + close)}?"
+    if model is BrorlConfig:
         return f"; sections are {', '.join(names)}"
-    if not close:  # the same key in another section (`learner.n_samples` for `job.n_samples`)
-        other = [f"{sec}.{parts[-1]}" for sec, f in BrorlConfig.model_fields.items()
-                 if parts[-1] in getattr(f.annotation, "model_fields", {})]
-        return f"; did you mean {other[0]}?" if other else f"; `brorl config explain` lists the fields of {'.'.join(parts[:-1])}"
-    return f"; did you mean {'.'.join(parts[:-1] + close)}?"
+    return f"; `brorl config explain` lists the fields of {'.'.join(parts[:-1])}"
 
 
 def to_toml(cfg: BrorlConfig) -> str:

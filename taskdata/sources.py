@@ -57,7 +57,7 @@ def reference_checker() -> Callable[[str, str], str]:
             try:
                 cache[name] = reg.get(name).check_reference
             except Exception as e:  # an unknown name (KeyError), or a verifier that does not import
-                cache[name] = str(e)
+                cache[name] = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         fn = cache[name]
         if isinstance(fn, str):
             return f"verifier {name!r}: {fn}"
@@ -117,8 +117,11 @@ def load_source(src: DataSource, cfg: DataConfig, role: Role, *, exclude: set[st
 
 
 def _detect(src: DataSource, default_split: str) -> str:
+    cols = columns(src, default_split)
+    if not cols and next(rows(src, default_split), None) is None:
+        raise DataError(f"{src.path}: holds no rows")
     try:
-        return detect(columns(src, default_split))
+        return detect(cols)
     except BadRow as e:
         raise DataError(f"{src.path}: {e}") from None
 
