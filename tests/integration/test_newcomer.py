@@ -257,3 +257,24 @@ def test_an_actors_refusal_reaches_the_console_once(tiny_cfg, tmp_path):
     la._supervise_actors()
     assert la.refused == ("actor-0 refused to start: verifier 'code' failed its start-up self-test: no bwrap; "
                           "stopping the job")
+
+
+def test_a_template_file_reaches_the_roles_as_text(tmp_path):
+    """The template file is read at load: the run folder's config.toml (what every role loads) holds its text,
+    newlines and quotes included, and loads back to the same template."""
+    import tomllib
+
+    from config.loader import load_config, to_toml, validate
+
+    tpl = tmp_path / "mine.jinja"
+    tpl.write_text(TEMPLATE + '\n{{ "a \\"quoted\\" tail" }}\n')
+    cfg = load_config("tiny-cpu", {"data.chat_template": str(tpl)})
+    assert cfg.data.chat_template == tpl.read_text()
+    assert validate(tomllib.loads(to_toml(cfg))).data.chat_template == tpl.read_text()
+
+
+def test_an_actor_without_the_learners_port_is_refused(capfd):
+    with pytest.raises(SystemExit) as e:
+        main(["actor", "--transport.work_port", "0"])
+    err = capfd.readouterr().err
+    assert e.value.code == 2 and "transport.work_port = 0 names no learner port" in err and "--learner" in err
