@@ -36,8 +36,8 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     renderer = None
     if (Path(cfg.model.path) / "config.json").exists():
         renderer = PromptRenderer.for_model(cfg.model.path, cfg.data, cfg.actor.max_model_len - 1)
-        how = ("the model's own" if cfg.data.chat_template is True else "data.chat_template's") \
-            if renderer.templated else "none (plain text)"
+        how = ("on (the model's own)" if cfg.data.chat_template is True else "on (data.chat_template's)") \
+            if renderer.templated else "off (plain text)"
         print(f"model {cfg.model.path}: chat template {how}; "
               f"prompts may take {cfg.actor.max_model_len - 1} tokens (actor.max_model_len - 1)")
     else:

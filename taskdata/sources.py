@@ -106,13 +106,15 @@ def load_source(src: DataSource, cfg: DataConfig, role: Role, *, exclude: set[st
             continue
         out.counts["used"] += 1
         out.tasks.append(t)
-    if out.bad:
-        log.warning("%s: %d of %d rows left out; the first: %s", path, len(out.bad), out.counts["rows"], out.bad[0])
     if not out.counts["rows"]:
         raise DataError(f"{path}: holds no rows")
-    if not out.tasks and role != "heldout":
+    if not out.tasks and role != "heldout":  # said once, in the error (no warning before it)
+        c = out.counts
         first = f"; the first bad row: {out.bad[0]}" if out.bad else ""
-        raise DataError(f"{path}: no usable {role} row ({out.counts}){first}")
+        raise DataError(f"{path}: no usable {role} row ({c['rows']} rows: {c['bad']} bad, {c['held_out']} held out, "
+                        f"{c['overlap']} also in data.eval){first}")
+    if out.bad:
+        log.warning("%s: %d of %d rows left out; the first: %s", path, len(out.bad), out.counts["rows"], out.bad[0])
     return out
 
 

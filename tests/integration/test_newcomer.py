@@ -44,7 +44,7 @@ def _digest(paths) -> dict[str, str]:
 
 
 @pytest.fixture
-def c(tiny_model_dir, tmp_path, data, capfd, monkeypatch):
+def c(tiny_model_dir, tmp_path, data, capfd, caplog, monkeypatch):
     """The newcomer's console: `c.run(*args)` is `brorl run --no-eval --model.path TINY --run.run_dir RUN
     *args` in this process; the roles are not started (`c.started` holds the config they would get)."""
     import cli.job
@@ -69,6 +69,8 @@ def c(tiny_model_dir, tmp_path, data, capfd, monkeypatch):
         lines = [ln for ln in (r.out + r.err).splitlines() if ln.strip()]
         assert r.rc == 2 and len(lines) == 1, r.out + r.err
         assert lines[0].startswith("brorl: ") and "Traceback" not in lines[0], lines[0]
+        logged = [r.getMessage() for r in caplog.records if r.levelno >= 30]  # a log line reaches the console too
+        assert not logged, logged
         assert not started, "a role would have started"
         assert not run_dir.exists(), "a run folder was left behind"
         assert r.took < 3.0, f"refusing took {r.took:.1f} s"
