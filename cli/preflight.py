@@ -1,6 +1,6 @@
 """`brorl run`'s pre-flight: what would make a role fail after minutes is checked in seconds before any starts.
 
-    cfg = preflight(cfg, resume=False, cluster=None)
+    cfg = preflight(cfg, cluster=None)   # cluster: `brorl run --cluster`
 
 In order: the data files (each exists, is readable in a known layout and has a usable row; only the first
 `ROWS_CHECKED` rows of each are read here), the model folder (config.json, a tokenizer that loads, weights),
@@ -28,7 +28,7 @@ class PreflightError(ConfigError):
     """`brorl run` cannot work as configured; the message is one line: cause, then fix."""
 
 
-def preflight(cfg, *, resume: bool = False, cluster: str | None = None):
+def preflight(cfg, *, cluster: str | None = None):
     loaded = _data(cfg)
     tok = _model(cfg)
     if tok is not None:

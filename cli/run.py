@@ -28,6 +28,6 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     from cli.preflight import preflight
     from tinymodel import ensure_model
 
-    cfg = preflight(load(args, overrides), resume=args.resume, cluster=args.cluster)  # before any role starts
+    cfg = preflight(load(args, overrides), cluster=args.cluster)  # before any role starts
     ensure_model(cfg, log=lambda m: print(m, flush=True))
     return run(cfg, resume=args.resume, evaluate=not args.no_eval, cluster=args.cluster)
