@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         from config.loader import ConfigError
 
         if isinstance(e, ConfigError):
-            print(f"brorl: {e}", file=sys.stderr)
+            head, *reasons = str(e).split("\n  ")
+            one = head.rstrip(":\n") + ": " + reasons[0] if len(reasons) == 1 else str(e)  # one reason: one line
+            print(f"brorl: {one}", file=sys.stderr)
             return 2
         raise

@@ -300,8 +300,7 @@ class RayLauncher(Launcher):
                 continue
             rc = p.poll()
             if rc == EXIT_REFUSED:
-                self.refused = f"{name} refused to start: see {self.logs / f'{name}.log'}"
-                print(f"[brorl run] {self.refused}; stopping the job", flush=True)
+                self.refused = f"{name} refused to start: see {self.logs / f'{name}.log'}; stopping the job"
                 return
             if rc is not None:
                 self.given_up.append(name)

@@ -28,6 +28,11 @@ def endpoints(cfg, learner_addr: str | None):
 
     t = cfg.transport
     if not learner_addr:
+        zero = [k for k in ("work_port", "rollout_port", "control_port") if getattr(t, k) == 0]
+        if zero:  # 0 means "pick a free one" to `brorl run`, which passes the chosen ports to its roles
+            print(f"brorl: transport.{zero[0]} = 0 names no learner port: give --learner tcp://HOST:PORT or the "
+                  f"learner's ports", file=sys.stderr)
+            raise SystemExit(2)
         return Endpoints(t.host, t.work_port, t.rollout_port, t.control_port)
     try:
         return Endpoints.from_address(learner_addr)

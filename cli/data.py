@@ -9,6 +9,9 @@ import argparse
 from cli.common import add_config_arg, load
 
 
+RENDER_CHECKED = 1000  # rows of each file rendered for token counts and render failures
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="check data files: brorl data preview --data.train FILE")
     p.add_argument("action", choices=["preview"], help="preview: rows as the model and the verifiers see them")
@@ -33,7 +36,9 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     renderer = None
     if (Path(cfg.model.path) / "config.json").exists():
         renderer = PromptRenderer.for_model(cfg.model.path, cfg.data, cfg.actor.max_model_len - 1)
-        print(f"model {cfg.model.path}: chat template {'on' if renderer.templated else 'off (plain text)'}; "
+        how = ("on (the model's own)" if cfg.data.chat_template is True else "on (data.chat_template's)") \
+            if renderer.templated else "off (plain text)"
+        print(f"model {cfg.model.path}: chat template {how}; "
               f"prompts may take {cfg.actor.max_model_len - 1} tokens (actor.max_model_len - 1)")
     else:
         print(f"model.path {cfg.model.path!r} holds no model here: prompts shown unrendered, without token counts")
@@ -47,7 +52,17 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
             continue
         for lo in loaded:
             c = lo.counts
-            print(f"\n[{role}] {lo.source.path}  layout {lo.layout}  rows {c['rows']}: used {c['used']}, bad {c['bad']}, "
+            lengths, failed = [], []
+            checked = lo.tasks[:RENDER_CHECKED] if renderer is not None else []
+            for t in checked:
+                try:
+                    lengths.append(len(renderer.render(t).ids))
+                except RenderError as e:
+                    failed.append(str(e))
+            used, bad = c["used"] - len(failed), c["bad"] + len(failed)
+            cut = f" of the first {len(checked)} rendered" if len(lo.tasks) > len(checked) and failed else ""
+            print(f"\n[{role}] {lo.source.path}  layout {lo.layout}  rows {c['rows']}: used {used}, bad {bad}"
+                  f"{f' ({len(failed)}{cut} cannot be rendered for this model)' if failed else ''}, "
                   f"held out {c['held_out']}, also in data.eval {c['overlap']}")
             by = {}
             for t in lo.tasks:
@@ -56,17 +71,14 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
             print("  data source -> verifier: " + ", ".join(f"{s} -> {v} ({n})" for (s, v), n in sorted(by.items())))
             for line in lo.bad[:3]:
                 print(f"  left out: {line}")
-            lengths, too_long = [], 0
-            for t in lo.tasks[:1000]:
-                if renderer is not None:
-                    try:
-                        lengths.append(len(renderer.render(t).ids))
-                    except RenderError:
-                        too_long += 1
+            if failed:
+                print(f"  cannot be rendered: {failed[0]}")
+                if len(failed) == len(checked):  # no row of this file renders: the job would refuse it
+                    status = 1
             if lengths:
                 lengths.sort()
-                print(f"  prompt tokens (first {len(lengths) + too_long} rows): min {lengths[0]}, median "
-                      f"{lengths[len(lengths) // 2]}, max {lengths[-1]}; cannot be rendered: {too_long}")
+                print(f"  prompt tokens (first {len(checked)} rows): min {lengths[0]}, median "
+                      f"{lengths[len(lengths) // 2]}, max {lengths[-1]}; cannot be rendered: {len(failed)}")
             for t in lo.tasks[:args.rows]:
                 _show(t, renderer, reg, args.chars)
     return status

@@ -174,8 +174,10 @@ class Launcher:
             if name not in self._restart_at:
                 kill_group(p.pid)  # the dead actor's engine and scoring processes
                 if p.returncode == EXIT_REFUSED:  # misconfigured (a verifier failed its self-test): restarting
-                    self.refused = f"{name} refused to start: {_last_error(self.logs / f'{name}.log')}"
-                    print(f"[brorl run] {self.refused}; stopping the job", flush=True)  # cannot help
+                    why = _last_error(self.logs / f"{name}.log")
+                    # the actor's own line says "actor NAME refuses to start: WHY": say it once
+                    why = why.split(" refuses to start: ", 1)[1] if " refuses to start: " in why else why
+                    self.refused = f"{name} refused to start: {why}; stopping the job"  # restarting cannot help
                     return
                 lived = now - self._started_at[name]
                 n = 0 if lived > 600 else self.restarts_of.get(name, 0)

@@ -9,7 +9,12 @@ from cli.common import add_config_arg, load
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("run", help="all roles on this machine: the default job")
+    p = sub.add_parser("run", help="all roles on this machine: the default job",
+                       epilog="Any config field can be overridden: --section.key VALUE (e.g. --job.n_samples 64 "
+                       "--data.train train.parquet --model.path ~/models/m); `brorl config explain` lists them. "
+                       "Before any role starts, a pre-flight checks the config, the data files (the first rows "
+                       "rendered with the model's tokenizer), the model folder, the ports and the run folder, "
+                       "and refuses in one line naming the fix.")
     add_config_arg(p)
     p.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation before and after")
@@ -20,8 +25,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
     from cli.job import run
+    from cli.preflight import preflight
     from tinymodel import ensure_model
 
-    cfg = load(args, overrides)
+    cfg = preflight(load(args, overrides), cluster=args.cluster)  # before any role starts
     ensure_model(cfg, log=lambda m: print(m, flush=True))
     return run(cfg, resume=args.resume, evaluate=not args.no_eval, cluster=args.cluster)

@@ -77,9 +77,12 @@ class DataConfig(Section):
     """Without `data.eval`: the share of training rows held out for evaluation (by a hash of the prompt,
     so the split is the same on every run). 0: 0.1 if `data.eval` is empty, else none."""
 
-    chat_template: bool = True
-    """Render prompts through the tokenizer's chat template (`apply_chat_template(...,
-    add_generation_prompt=True)`) when it has one; a row that is a list of messages needs it."""
+    chat_template: bool | str = True
+    """How a prompt becomes the model's text. true: the tokenizer's own chat template
+    (`apply_chat_template(..., add_generation_prompt=True)`) when it has one, else plain text (a row of chat
+    messages is then refused). A Jinja template — the text itself or the path of a `.jinja` file (read at
+    load) — for a model that has none. "plain": no template at all; a row of chat messages becomes its
+    messages' text, one paragraph each. false: plain text, and rows of chat messages are refused."""
 
     system_prompt: str = ""
     """A system message put before every prompt that has none (with the chat template), or text put before
@@ -106,6 +109,28 @@ class DataConfig(Section):
         if isinstance(v, list):
             return [{"path": x.strip()} if isinstance(x, str) else x for x in v]
         return v
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _template(cls, v):
+        """A path names a template file, read here (the roles get its text); other text must be Jinja."""
+        if not isinstance(v, str) or v in ("plain",) or "{{" in v or "{%" in v:
+            return v
+        from pathlib import Path
+
+        if v.strip().lower() in ("true", "false"):
+            return v.strip().lower() == "true"
+        p = Path(v).expanduser()
+        if not p.is_file():
+            raise ValueError(f"{v!r} is no file here and no Jinja template: give true, false, \"plain\", a Jinja "
+                             f"template ({{% for message in messages %}}...) or the path of a .jinja file")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{v!r}: cannot read the template file ({e})") from None
+        if "{{" not in text and "{%" not in text:
+            raise ValueError(f"{v!r}: the file holds no Jinja template (no {{{{ or {{%)")
+        return text
 
     @field_validator("prompt_format")
     @classmethod

@@ -105,10 +105,11 @@ def load_config(
         raise ConfigError(f"{file}: not valid TOML: {e}") from e
     ov = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     apply_overrides(data, ov)
-    return validate(data, source=str(file))
+    return validate(data, source=str(file), overridden=set(ov))
 
 
-def validate(data: dict[str, Any], source: str = "<config>") -> BrorlConfig:
+def validate(data: dict[str, Any], source: str = "<config>", overridden: set[str] = frozenset()) -> BrorlConfig:
+    """`overridden`: the dotted keys set on the command line (an error names where its key came from)."""
     try:
         return BrorlConfig.model_validate(data)
     except ValidationError as e:
@@ -117,11 +118,35 @@ def validate(data: dict[str, Any], source: str = "<config>") -> BrorlConfig:
             loc = ".".join(str(x) for x in err["loc"])
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown key (not a field of this section)"
+                where = f"--{loc} on the command line" if loc in overridden else f"in {source}"
+                msg = f"unknown key ({where}){_did_you_mean(err['loc'])}"
             elif msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
             lines.append(f"{loc}: {msg}" if loc else msg)
         raise ConfigError(f"invalid configuration ({source}):\n  " + "\n  ".join(lines)) from None
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """"; did you mean learner.steps?" for a misspelt key or section, from the fields where it was given."""
+    import difflib
+
+    model, parts = BrorlConfig, [str(x) for x in loc]
+    for part in parts[:-1]:
+        f = model.model_fields.get(part)
+        model = getattr(f, "annotation", None) if f else None
+        if not (isinstance(model, type) and hasattr(model, "model_fields")):
+            return ""
+    names = list(model.model_fields)
+    other = [f"{sec}.{parts[-1]}" for sec, f in BrorlConfig.model_fields.items()
+             if len(parts) == 2 and parts[-1] in getattr(f.annotation, "model_fields", {})]
+    if other:  # the same key in another section (`learner.n_samples` for `job.n_samples`)
+        return f"; did you mean {other[0]}?"
+    close = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {'.'.join(parts[:-1] + close)}?"
+    if model is BrorlConfig:
+        return f"; sections are {', '.join(names)}"
+    return f"; `brorl config explain` lists the fields of {'.'.join(parts[:-1])}"
 
 
 def to_toml(cfg: BrorlConfig) -> str:
@@ -142,8 +167,8 @@ def _toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):  # a TOML basic string: JSON's escapes are TOML's (a template's newlines included)
+        return json.dumps(v, ensure_ascii=False)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):

@@ -14,7 +14,9 @@ class TransportConfig(Section):
     """Address the learner binds and actors connect to."""
 
     work_port: int = Field(5555, ge=0, le=65535)
-    """ROUTER port for work requests and assignments (0: pick a free port)."""
+    """ROUTER port for work requests and assignments. 0 (this port and the two below): `brorl run` picks a free
+    port before the roles start and gives it to all of them (not with `--cluster`, where the learner's node is
+    Ray's choice)."""
 
     rollout_port: int = Field(5556, ge=0, le=65535)
     """PULL port receiving rollout groups."""

@@ -1,4 +1,5 @@
-"""Reading a task file's rows: JSONL (one JSON object per line; a malformed line is a named bad row),
+"""Reading a task file's rows: JSONL (one JSON object per line; a malformed line is a named bad row), a JSON
+list of objects (`[{...}, ...]`, as DeepScaleR and others ship; a `.json` file whose first character is `[`),
 Parquet (pyarrow, batch by batch) and folders written by `datasets`' `save_to_disk` (`load_from_disk`: a
 Dataset, or one split of a DatasetDict)."""
 
@@ -35,6 +36,8 @@ def rows(src: DataSource, default_split: str) -> Iterator[tuple[int, dict | str]
     path = Path(src.path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
+    if path.is_file() and path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty")
     kind = kind_of(path)
     it = {"jsonl": _jsonl, "parquet": _parquet, "hf": _hf}[kind](path, src.split or default_split)
     for n, (i, row) in enumerate(it):
@@ -58,16 +61,36 @@ def _jsonl(path: Path, split: str) -> Iterator[tuple[int, dict | str]]:
     import gzip
 
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield lineno, f"not valid JSON ({e.msg} at column {e.colno})"
-                continue
-            yield lineno, obj if isinstance(obj, dict) else f"expected an object, got {type(obj).__name__}"
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            head = f.read(4096).lstrip("\ufeff \t\r\n")[:1]
+            f.seek(0)
+            if head == "[":  # a JSON list of rows, not one object per line
+                yield from _json_list(path, f)
+                return
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield lineno, f"not valid JSON ({e.msg} at column {e.colno})"
+                    continue
+                yield lineno, obj if isinstance(obj, dict) else f"expected an object, got {type(obj).__name__}"
+    except (UnicodeDecodeError, OSError, EOFError) as e:  # binary garbage, a bad gzip stream, unreadable
+        raise DataError(f"{path}: not a text JSON/JSONL file ({type(e).__name__}: {e}); JSONL, a JSON list, "
+                        f"Parquet or a save_to_disk folder") from None
+
+
+def _json_list(path: Path, f) -> Iterator[tuple[int, dict | str]]:
+    """A file holding one JSON list: its items, numbered from 1."""
+    try:
+        items = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: starts with '[' but is not a valid JSON list ({e.msg} at line {e.lineno}, "
+                        f"column {e.colno})") from None
+    for i, obj in enumerate(items, 1):
+        yield i, obj if isinstance(obj, dict) else f"item {i}: expected an object, got {type(obj).__name__}"
 
 
 def _parquet(path: Path, split: str) -> Iterator[tuple[int, dict | str]]:

@@ -105,6 +105,8 @@ def messages_of(value: Any) -> tuple[tuple[str, str], ...]:
         out.append((m["role"], m["content"]))
     if not any(r == "user" for r, _ in out):
         raise BadRow("prompt: the messages hold no user message")
+    if not [c for r, c in out if r == "user"][-1].strip():
+        raise BadRow("prompt: the last user message is empty")
     return tuple(out)
 
 

@@ -57,7 +57,7 @@ def reference_checker() -> Callable[[str, str], str]:
             try:
                 cache[name] = reg.get(name).check_reference
             except Exception as e:  # an unknown name (KeyError), or a verifier that does not import
-                cache[name] = str(e)
+                cache[name] = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         fn = cache[name]
         if isinstance(fn, str):
             return f"verifier {name!r}: {fn}"
@@ -106,17 +106,24 @@ def load_source(src: DataSource, cfg: DataConfig, role: Role, *, exclude: set[st
             continue
         out.counts["used"] += 1
         out.tasks.append(t)
+    if not out.counts["rows"]:
+        raise DataError(f"{path}: holds no rows")
+    if not out.tasks and role != "heldout":  # said once, in the error (no warning before it)
+        c = out.counts
+        first = f"; the first bad row: {out.bad[0]}" if out.bad else ""
+        raise DataError(f"{path}: no usable {role} row ({c['rows']} rows: {c['bad']} bad, {c['held_out']} held out, "
+                        f"{c['overlap']} also in data.eval){first}")
     if out.bad:
         log.warning("%s: %d of %d rows left out; the first: %s", path, len(out.bad), out.counts["rows"], out.bad[0])
-    if not out.tasks and role != "heldout":
-        first = f"; the first bad row: {out.bad[0]}" if out.bad else ""
-        raise DataError(f"{path}: no usable {role} row ({out.counts}){first}")
     return out
 
 
 def _detect(src: DataSource, default_split: str) -> str:
+    cols = columns(src, default_split)
+    if not cols and next(rows(src, default_split), None) is None:
+        raise DataError(f"{src.path}: holds no rows")
     try:
-        return detect(columns(src, default_split))
+        return detect(cols)
     except BadRow as e:
         raise DataError(f"{src.path}: {e}") from None
 

@@ -7,6 +7,9 @@
     other.jsonl       other field names (`question_text`, `gold`, `task`): reasoning-gym entries as reasoning-gym
                       exports them, read with layout = "custom"; one line that is not JSON
     heldout.parquet   verl: held-out math and science rows
+
+`four_layouts` writes math rows in each layout a newcomer brings: verl Parquet, OpenRLHF JSONL, a
+DeepScaleR-style JSON list and a `datasets` save_to_disk folder.
 """
 
 from __future__ import annotations
@@ -65,3 +68,26 @@ def sources(paths: dict[str, Path]) -> dict[str, object]:
                            {"path": str(paths["other"]), "layout": "custom", "prompt_key": "question_text",
                             "answer_key": "gold", "source_key": "task"}],
             "data.eval": [str(paths["heldout"])]}
+
+
+def four_layouts(root: str | Path) -> dict[str, Path]:
+    """verl Parquet (`prompt` chat messages, `reward_model.ground_truth`), OpenRLHF JSONL (`input`, `label`,
+    `datasource`), a DeepScaleR JSON list (`[{"problem", "answer", "solution"}, ...]`) and a save_to_disk
+    Dataset (`question`, `solution`, `data_source`): MATH's rows in each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {"verl": root / "verl.parquet", "openrlhf": root / "openrlhf.jsonl",
+             "deepscaler": root / "deepscaler.json", "hf": root / "hf_math"}
+    pq.write_table(pa.Table.from_pylist([_verl(p, "openai/gsm8k", a, i) for i, (p, a) in enumerate(MATH)]),
+                   paths["verl"])
+    paths["openrlhf"].write_text("".join(json.dumps({"input": p, "label": a, "datasource": "gsm8k"}) + "\n"
+                                         for p, a in MATH))
+    paths["deepscaler"].write_text(json.dumps([{"problem": p, "answer": a, "solution": f"So {a}."} for p, a in MATH],
+                                              indent=2))
+    Dataset.from_dict({"question": [p for p, _ in MATH], "solution": [a for _, a in MATH],
+                       "data_source": ["math"] * len(MATH)}).save_to_disk(str(paths["hf"]))
+    return paths
