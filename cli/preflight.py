@@ -79,6 +79,7 @@ def _data_fix(msg: str) -> str:
 def _model(cfg):
     """The model's tokenizer, or None where `brorl run` builds the tiny model itself (under runs/)."""
     from tinymodel import is_model_dir
+    from tinymodel.build import TOKENIZER_FILES
 
     path = Path(cfg.model.path).expanduser()
     if cfg.model.path.startswith("runs/") and not is_model_dir(path):
@@ -90,7 +91,7 @@ def _model(cfg):
         _fail(f"model.path {cfg.model.path!r}: a file, not a folder; {fix}")
     if not (path / "config.json").is_file():
         _fail(f"model.path {cfg.model.path!r}: no config.json; {fix}")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")):
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
         _fail(f"model.path {cfg.model.path!r}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); copy the "
               f"tokenizer's files from the model you trained into the folder")
     if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):

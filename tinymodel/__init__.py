@@ -35,6 +35,9 @@ def ensure_model(cfg, force: bool = False, sft: bool = True, log=print) -> Path:
         shutil.rmtree(path)
     if not path.startswith("runs/") and not force:
         raise SystemExit(f"brorl: model.path {path!r} holds no model (brorl never downloads weights)")
+    if Path(path).is_dir() and any(Path(path).iterdir()) and not (Path(path) / META).exists():
+        raise SystemExit(f"brorl: model.path {path!r} holds files but no complete model (config.json, weights, "
+                         f"a tokenizer); brorl builds its tiny model only into an empty folder, so it leaves them")
     log(f"building the tiny model at {path} ...")
     build_tiny_model(path, seed=cfg.model.tiny_seed)
     _record(path, warm_start="pending" if sft else "skipped")

@@ -108,8 +108,13 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = T
     return out
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def is_model_dir(path: str | Path) -> bool:
+    """A Hugging Face model folder: config.json, weights (one file or shards, safetensors or .bin) and a
+    tokenizer's files."""
     p = Path(path)
-    return (p / "config.json").exists() and (p / "model.safetensors").exists() and (
-        p / "tokenizer.json"
-    ).exists()
+    return ((p / "config.json").is_file()
+            and (any(p.glob("*.safetensors")) or any(p.glob("pytorch_model*.bin")))
+            and any((p / f).is_file() for f in TOKENIZER_FILES))

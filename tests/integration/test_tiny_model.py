@@ -91,3 +91,30 @@ def test_ensure_model_rebuilds_a_tiny_model_of_an_older_builder_or_an_unfinished
     meta.unlink()  # not built by brorl (no record): used as it is, whatever it holds
     tinymodel.ensure_model(cfg, log=said.append)
     assert len(calls) == 4 and not meta.exists()
+
+
+def test_a_users_sharded_model_is_a_model_and_a_partial_folder_under_runs_is_left_alone(tmp_path, monkeypatch):
+    """A sharded checkpoint with a sentencepiece tokenizer is a model folder; a folder under runs/ that holds a
+    user's files but no complete model is refused by name, not built into (its files unchanged)."""
+    import pytest
+
+    from config.loader import load_config
+    from tinymodel import ensure_model
+
+    shards = tmp_path / "sharded"
+    shards.mkdir()
+    for f in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+              "model.safetensors.index.json", "tokenizer.model"):
+        (shards / f).write_text("{}")
+    assert is_model_dir(shards)
+    (shards / "tokenizer.model").unlink()
+    assert not is_model_dir(shards)
+    monkeypatch.chdir(tmp_path)
+    partial = tmp_path / "runs" / "mine"
+    partial.mkdir(parents=True)
+    (partial / "config.json").write_text('{"mine": 1}')
+    cfg = load_config("tiny-cpu", {"model.path": "runs/mine"})
+    with pytest.raises(SystemExit, match="runs/mine.*no complete model.*leaves them"):
+        ensure_model(cfg, log=lambda m: None)
+    assert [p.name for p in partial.iterdir()] == ["config.json"]
+    assert (partial / "config.json").read_text() == '{"mine": 1}'
