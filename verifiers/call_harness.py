@@ -14,9 +14,11 @@ import os
 import signal
 import sys
 
+# what LiveCodeBench's and verl's harnesses import for a solution (LeetCode code uses List, deque unimported);
+# math's pow is dropped again so that the built-in three-argument pow stays
 PRELUDE = ("from typing import *\nfrom collections import *\nfrom heapq import *\nfrom bisect import *\n"
-           "from itertools import *\nfrom functools import *\nfrom math import *\nimport collections, heapq, "
-           "bisect, itertools, functools, math, string, re, sys, json, random, operator, copy\n")
+           "from itertools import *\nfrom functools import *\nfrom math import *\ndel pow\nimport collections, "
+           "heapq, bisect, itertools, functools, math, string, re, sys, json, random, operator, copy\n")
 
 
 class CallTimeout(BaseException):

@@ -24,7 +24,8 @@ import secrets
 from dataclasses import replace
 
 from verifiers.base import VerifierResult
-from verifiers.code_formats import Spec, decode, extract_program, outputs_match, parse, tagged
+from verifiers.code_compare import Spec, decode, extract_program, outputs_match, tagged
+from verifiers.code_formats import parse
 from verifiers.sandbox import Limits, Sandbox
 
 NAME = "code"
@@ -65,7 +66,7 @@ def check_reference(reference: str) -> str:
     try:
         parse(reference)
     except (ValueError, TypeError) as e:
-        return f"not a code reference: {e}"
+        return str(e) or type(e).__name__
     return ""
 
 
@@ -120,16 +121,15 @@ def _run_calls(sb: Sandbox, program: str, spec: Spec) -> list[str]:
         index, _, body = rest.partition(" ")
         try:
             value = json.loads(body)
-        except json.JSONDecodeError:
-            forged = True
-            continue
+        except (ValueError, RecursionError):  # malformed, nested too deep, an integer of too many digits
+            value = {"error": "an unreadable result"}
         if index == "load":
             load_error = str(value.get("error", "")) if isinstance(value, dict) else "load"
             continue
-        if not index.isdigit() or int(index) in results or int(index) >= len(calls) or not isinstance(value, dict):
+        if not index.isdigit() or int(index) in results or int(index) >= len(calls):
             forged = True
             continue
-        results[int(index)] = value
+        results[int(index)] = value if isinstance(value, dict) else {"error": "a malformed result"}
     if forged:
         return ["results the harness did not write"] * len(calls)
     if load_error:
@@ -140,9 +140,17 @@ def _run_calls(sb: Sandbox, program: str, spec: Spec) -> list[str]:
         if res is None:
             out.append("timeout" if r.timed_out else f"exit {r.returncode}" if r.returncode else "no result")
         elif "ok" in res:
-            out.append("" if t.passes(decode(res["ok"])) else "wrong answer")
+            out.append(_verdict(t, res["ok"]))
         elif res.get("timeout") is True:
             out.append("timeout")
         else:
             out.append(f"error {str(res.get('error', '?')).split(':')[0][:40]}")
     return out
+
+
+def _verdict(test, raw) -> str:
+    try:
+        got = decode(raw)
+    except RecursionError:
+        return "a result nested too deep"
+    return "" if test.passes(got) else "wrong answer"
