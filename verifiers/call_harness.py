@@ -30,6 +30,8 @@ def encode(x, depth=0):
     if depth > 100:
         return {"$o": "too deep"}
     t = type(x)
+    if t is int and x.bit_length() > 10000:  # past the decimal digits json may print: hex (linear either way)
+        return {"$i": hex(x)}
     if x is None or t in (bool, int, float, str):
         return x
     if t is list:

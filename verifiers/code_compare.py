@@ -133,6 +133,11 @@ def decode(v: Any) -> Any:
                 return {decode(k): decode(x) for k, x in body}
         except (TypeError, ValueError):
             return Opaque("unhashable")
+        if tag == "$i" and type(body) is str:
+            try:
+                return int(body, 16)  # a big integer (no digit limit for base 16)
+            except ValueError:
+                return Opaque("malformed")
         if tag == "$o":
             return Opaque(str(body)[:60])
     return Opaque("malformed")

@@ -62,7 +62,7 @@ def test_apps_wrapped_outputs_tuples_dict_keys_and_opaque_values():
     for forged in ({"$o": "Always"}, {"$x": 1}, {"a": 1, "b": 2}, {"$d": [[[1], 2]]}):
         value = decode(forged)
         assert not any(CallTest("f", [], {}, e).passes(value) for e in (1, {"a": 1, "b": 2}, "Always"))
-    assert decode(tagged({(1, 2): {3}})) == {(1, 2): {3}}
+    assert decode(tagged({(1, 2): {3}})) == {(1, 2): {3}} and decode({"$i": hex(-3 ** 9000)}) == -3 ** 9000
 
 
 def test_test_code_formats_become_call_tests():
