@@ -49,6 +49,8 @@ def test_code(code: str, entry_point: str | None = None, origin: str = "test cod
                 continue
             if isinstance(node, ast.Assert):
                 tests.append(_assert(node, dict(env), {}, candidate, defined))
+            elif isinstance(node, ast.For):
+                tests += _evalplus_loop(node, env, {"candidate": candidate} if candidate else {}, defined)
             elif isinstance(node, ast.FunctionDef) and (node.name == "check" or node.name.startswith("test")):
                 tests += _function(node, dict(env), candidate, defined)
             elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
@@ -129,8 +131,43 @@ def _function(fn: ast.FunctionDef, env: dict, candidate: str | None, defined: se
         if isinstance(node, ast.Assert):
             out.append(_assert(node, env, calls, None, defined, aliases))
             continue
+        if isinstance(node, ast.For):
+            out += _evalplus_loop(node, env, aliases, defined)
+            continue
         raise _Refused(f"line {node.lineno}: {_src(node)!r} in {fn.name} is not an assert or a literal assignment")
     return out
+
+
+def _evalplus_loop(node: ast.For, env: dict, aliases: dict, defined: set) -> list[CallTest]:
+    """EvalPlus's (HumanEval+, MBPP+) loop over literal `inputs` and `results`:
+    `for i, (inp, exp) in enumerate(zip(inputs, results)): assertion(f(*inp), exp, atol)`, the `assertion`
+    being its own (equal, floats within atol, 1e-6 where atol is 0)."""
+    where = f"line {node.lineno}: {_src(node)!r}"
+    it, target = node.iter, node.target
+    if isinstance(it, ast.Call) and _name(it.func) == "enumerate" and len(it.args) == 1:
+        it = it.args[0]
+        target = target.elts[1] if isinstance(target, ast.Tuple) and len(target.elts) == 2 else None
+    names = [_name(e) for e in target.elts] if isinstance(target, ast.Tuple) else []
+    zipped = [_name(a) for a in it.args] if isinstance(it, ast.Call) and _name(it.func) == "zip" else []
+    body = node.body[0] if len(node.body) == 1 and not node.orelse else None
+    call = body.value if isinstance(body, ast.Expr) and isinstance(body.value, ast.Call) else None
+    if not (len(names) == 2 and all(names) and len(zipped) == 2 and all(z in env for z in zipped) and call
+            and _name(call.func) == "assertion" and "assertion" in defined and len(call.args) == 3):
+        raise _Refused(f"{where} is not EvalPlus's loop of assertion(f(*inp), exp, atol) over inputs and results")
+    inner, exp, atol = call.args
+    fname = _name(inner.func) if isinstance(inner, ast.Call) else None
+    fname = aliases.get(fname, fname)
+    if (not fname or fname in defined or inner.keywords or len(inner.args) != 1
+            or not isinstance(inner.args[0], ast.Starred) or _name(inner.args[0].value) != names[0]
+            or _name(exp) != names[1]):
+        raise _Refused(f"{where}: the loop's assertion is not assertion(f(*{names[0]}), {names[1]}, atol)")
+    inputs, results, tol = env[zipped[0]], env[zipped[1]], _lit(atol, env)
+    if not isinstance(inputs, (list, tuple)) or not isinstance(results, (list, tuple)) or len(inputs) != len(results):
+        raise _Refused(f"{where}: {zipped[0]} and {zipped[1]} are not lists of the same length")
+    if not isinstance(tol, (int, float)) or isinstance(tol, bool):
+        raise _Refused(f"{where}: the tolerance is not a number")
+    return [CallTest(fname, list(i), {}, r, "equal", (), (REL_TOL, max(float(tol), ABS_TOL)))
+            for i, r in zip(inputs, results)]
 
 
 def _assert(node: ast.Assert, env: dict, calls: dict, candidate: str | None, defined: set,

@@ -55,10 +55,10 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
-def close(got: float, expected: float) -> bool:
+def close(got: float, expected: float, rel: float = REL_TOL, ab: float = ABS_TOL) -> bool:
     if math.isnan(expected) or math.isinf(expected):
         return got == expected or (math.isnan(got) and math.isnan(expected))
-    return abs(got - expected) <= ABS_TOL + REL_TOL * abs(expected)
+    return abs(got - expected) <= ab + rel * abs(expected)
 
 
 def _token_match(got: str, expected: str) -> bool:
@@ -153,17 +153,19 @@ def jsonish(v: Any) -> Any:
     return v
 
 
-def equal(got: Any, expected: Any) -> bool:
-    """Python equality on plain values, floats within the tolerance; an Opaque value equals nothing."""
+def equal(got: Any, expected: Any, tol: tuple[float, float] = (REL_TOL, ABS_TOL)) -> bool:
+    """Python equality on plain values, floats within the (relative, absolute) tolerance; an Opaque value
+    equals nothing."""
     if isinstance(got, Opaque) or isinstance(expected, Opaque):
         return False
     if type(expected) is float and type(got) in (int, float):
-        return close(float(got), expected)
+        return close(float(got), expected, *tol)
     if isinstance(expected, (list, tuple)):
         return (type(got) is type(expected) and len(got) == len(expected)
-                and all(equal(g, e) for g, e in zip(got, expected)))
+                and all(equal(g, e, tol) for g, e in zip(got, expected)))
     if isinstance(expected, dict):
-        return type(got) is dict and got.keys() == expected.keys() and all(equal(got[k], expected[k]) for k in got)
+        return (type(got) is dict and got.keys() == expected.keys()
+                and all(equal(got[k], expected[k], tol) for k in got))
     return type(got) in (bool, int, float, str, type(None), set, frozenset) and got == expected
 
 
@@ -189,7 +191,7 @@ class CallTest:
     """Built-ins the test applied to the returned value before comparing (sorted, set, len, ...), innermost
     first."""
     tol: tuple[float, float] = (REL_TOL, ABS_TOL)
-    """(relative, absolute) tolerance for `close`."""
+    """(relative, absolute) tolerance: for floats in `equal` / `apps`, and for `close`."""
 
     def passes(self, got: Any) -> bool:
         try:
@@ -204,7 +206,7 @@ class CallTest:
             return False
         if self.check == "apps":
             g, e = jsonish(got), jsonish(self.expected)
-            return equal(g, e) or (isinstance(e, list) and len(e) > 0 and equal(g, e[0]))
+            return equal(g, e, self.tol) or (isinstance(e, list) and len(e) > 0 and equal(g, e[0], self.tol))
         if self.check == "truthy":
             return bool(got)
         if self.check == "falsy":
@@ -215,7 +217,7 @@ class CallTest:
             rel, ab = self.tol
             return (type(got) in (int, float) and not isinstance(got, bool)
                     and abs(got - self.expected) <= max(ab, rel * max(abs(got), abs(self.expected))))
-        return equal(got, self.expected)
+        return equal(got, self.expected, self.tol)
 
 
 _POST = {"sorted": sorted, "set": set, "len": len, "list": list, "tuple": tuple, "abs": abs,

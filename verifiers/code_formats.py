@@ -10,7 +10,7 @@ ValueError saying why the reference cannot be scored (the row is then refused wh
                   JSON arguments, outputs wrapped in a list or not), LiveCodeBench's {"testtype": "functional"}
                   with metadata.func_name, PrimeIntellect's {"type": "function_call", "fn_name"}
   test code       {"functional": code} (LeetCode: check(candidate) + check(Solution().m)), {"test": code,
-                  "entry_point"} (HumanEval / evalplus base), {"test_list": [...]} (MBPP), pytest-style code
+                  "entry_point"} (HumanEval; evalplus's inputs/results loop), {"test_list": [...]} (MBPP), pytest-style code
                   (KodCode: from solution import f; def test_...) or a bare string of such code
 
 Test code is never run (`verifiers.code_asserts`): its call-and-compare asserts become call tests.
@@ -43,7 +43,7 @@ def parse(reference: str) -> Spec:
 
 
 def _looks_like_test_code(text: str) -> bool:
-    return bool(re.search(r"^\s*(assert\b|def (test_?\w*|check)\s*\()", text, re.MULTILINE))
+    return bool(re.search(r"^\s*(assert\b|assertion\(|def (test_?\w*|check)\s*\()", text, re.MULTILINE))
 
 
 def _parse_obj(obj: Any, fn: str | None = None) -> Spec:

@@ -33,6 +33,12 @@ FORMATS = {  # name: (reference, correct program, wrong program)
         json.dumps({"entry_point": "mean", "test": "def check(candidate):\n    assert candidate([1, 2]) == 1.5\n"
                                                   "    assert abs(candidate([1, 2, 2]) - 1.6667) < 1e-3\n"}),
         "def mean(xs):\n    return sum(xs) / len(xs)", "def mean(xs):\n    return max(xs)"),
+    "HumanEval+ / evalplus loop over inputs and results": (
+        json.dumps({"entry_point": "halve", "test": (
+            "import numpy as np\n\ndef assertion(out, exp, atol):\n    assert out == exp\n\n"
+            "def check(candidate):\n    inputs = [[1], [3]]\n    results = [0.5, 1.5]\n"
+            "    for i, (inp, exp) in enumerate(zip(inputs, results)):\n        assertion(candidate(*inp), exp, 0)\n")}),
+        "def halve(x):\n    return x / 2", "def halve(x):\n    return x // 2"),
     "MBPP test_list": (
         json.dumps({"test_list": ["assert is_even(4)", "assert not is_even(3)"]}),
         "def is_even(n):\n    return n % 2 == 0", "def is_even(n):\n    return True"),

@@ -79,6 +79,10 @@ def test_test_code_formats_become_call_tests():
                     "    result = area(side)\n    assert result == 9\n    assert area(0.5) == pytest.approx(0.25)\n")
     assert [(t.fn, t.args, t.check) for t in kodcode.tests] == [("area", [3], "equal"), ("area", [0.5], "close")]
     assert code_v.describe(json.dumps({"test_list": ["assert sq(3) == 9"]})).startswith("1 MBPP asserts")
+    evalplus = parse("def assertion(out, exp, atol):\n    assert out == exp\n\ninputs = [[(1, 2)], [[3]]]\n"
+                     "results = [(2, 1), [3]]\nfor i, (inp, exp) in enumerate(zip(inputs, results)):\n"
+                     "    assertion(rev(*inp), exp, 1e-4)\n")  # MBPP+: the function by its name
+    assert evalplus.tests[0] == CallTest("rev", [(1, 2)], {}, (2, 1), "equal", (), (1e-5, 1e-4))
 
 
 @pytest.mark.parametrize("reference,why", [
@@ -94,6 +98,8 @@ def test_test_code_formats_become_call_tests():
     ("def check(candidate):\n    assert candidate(1) == 1\n", "names the function"),
     (json.dumps({"tests": [{"input": "1", "output": "  \n"}]}), "prints nothing"),
     ("assert f(b'x') == 1", "bytes"),
+    ("def assertion(o, e, a):\n    pass\ninputs, results = [[1]], [1]\nfor inp, exp in zip(inputs, results):\n"
+     "    assertion(ref_func(*inp), f(*inp), 0)\n", "is not an assert"),  # evalplus's cross-check form
     ("just some prose", "not JSON and not test code"),
 ])
 def test_formats_that_cannot_be_scored_are_refused_at_load_with_the_reason(reference, why):
