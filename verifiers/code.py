@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from dataclasses import replace
 
@@ -126,7 +127,7 @@ def _run_calls(sb: Sandbox, program: str, spec: Spec) -> list[str]:
         if index == "load":
             load_error = str(value.get("error", "")) if isinstance(value, dict) else "load"
             continue
-        if not index.isdigit() or int(index) in results or int(index) >= len(calls):
+        if not re.fullmatch(r"[0-9]{1,9}", index) or int(index) in results or int(index) >= len(calls):
             forged = True
             continue
         results[int(index)] = value if isinstance(value, dict) else {"error": "a malformed result"}

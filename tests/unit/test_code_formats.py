@@ -71,7 +71,8 @@ def test_test_code_formats_become_call_tests():
     assert leetcode.tests[0] == CallTest("solve", [], {"nums": [1, 2], "k": 1}, 2)
     humaneval = parse(json.dumps({"entry_point": "below", "test": (
         "METADATA = {'author': 'x'}\n\ndef check(candidate):\n    assert candidate([1, 2], 3) is True\n"
-        "    assert not candidate([5], 3)\n    assert abs(candidate([0.5], 1.0) - 0.25) < 1e-6\n")}))
+        "    assert not candidate([5], 3)\n    assert abs(candidate([0.5], 1.0) - 0.25) < 1e-6\n"
+        "    assert True, 'This prints if this assert fails'\n")}))  # HumanEval's debugging line: no test
     assert [t.check for t in humaneval.tests] == ["is", "falsy", "close"] and humaneval.tests[0].fn == "below"
     mbpp = parse(json.dumps({"test_list": ["assert sq(3) == 9", "assert sorted(pairs(2)) == [(0, 1), (1, 0)]"]}))
     assert mbpp.tests[1].post == ("sorted",) and mbpp.tests[1].expected == [(0, 1), (1, 0)]
