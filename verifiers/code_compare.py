@@ -206,7 +206,7 @@ class CallTest:
             return False
         if self.check == "apps":
             g, e = jsonish(got), jsonish(self.expected)
-            return equal(g, e, self.tol) or (isinstance(e, list) and len(e) > 0 and equal(g, e[0], self.tol))
+            return equal(g, e, self.tol) or (isinstance(e, list) and len(e) == 1 and equal(g, e[0], self.tol))
         if self.check == "truthy":
             return bool(got)
         if self.check == "falsy":

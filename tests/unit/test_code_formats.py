@@ -54,6 +54,7 @@ def test_apps_wrapped_outputs_tuples_dict_keys_and_opaque_values():
     assert wrapped.passes(3) and wrapped.passes([3]) and not wrapped.passes(4)
     pair = CallTest("f", [], {}, [[1, 2]], "apps")
     assert pair.passes((1, 2)) and pair.passes([1, 2])  # a returned tuple is a JSON list
+    assert not CallTest("f", [], {}, [1, 2], "apps").passes(1)  # only a single-element list is a wrapper
     assert CallTest("f", [], {}, [{"1": "a"}], "apps").passes({1: "a"})  # JSON made the keys strings
     exact = CallTest("f", [], {}, (1, 2))
     assert exact.passes((1, 2)) and not exact.passes([1, 2])  # test code keeps Python's types
