@@ -117,4 +117,5 @@ def main():
                 report(i, {"error": "unprintable exception"})
 
 
-main()
+if __name__ == "__main__":  # as main.py in the sandbox; importing it runs nothing
+    main()
