@@ -70,7 +70,7 @@ def main():
     out = os.fdopen(os.dup(1), "w")
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
-    sys.stdout, sys.stdin = io.StringIO(), io.StringIO("")
+    sys.stdout, sys.stdin = os.fdopen(null, "w"), io.StringIO("")
 
     def report(index, value):
         out.write(f"{nonce} {index} {json.dumps(value)}\n")
@@ -91,26 +91,24 @@ def main():
     for i, call in enumerate(payload["calls"]):
         fn = call["fn"]
         try:
-            cls = ns.get("Solution")
-            if isinstance(cls, type) and hasattr(cls, fn):
-                target = getattr(cls(), fn)
-            elif callable(ns.get(fn)):
-                target = ns[fn]
-            else:
-                report(i, {"error": f"no function named {fn}"})
-                continue
             signal.setitimer(signal.ITIMER_REAL, payload["per_call_s"])
             try:
+                cls = ns.get("Solution")
+                if isinstance(cls, type) and hasattr(cls, fn):
+                    target = getattr(cls(), fn)  # a fresh instance per test, as LeetCode's judge
+                elif callable(ns.get(fn)):
+                    target = ns[fn]
+                else:
+                    report(i, {"error": f"no function named {fn}"})
+                    continue
                 value = target(*decode(call["args"]), **decode(call["kwargs"]))
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-            sys.stdout = io.StringIO()
             report(i, {"ok": encode(value)})
         except CallTimeout:
             report(i, {"timeout": True})
             return
         except BaseException as e:
-            sys.stdout = io.StringIO()
             try:
                 report(i, {"error": f"{type(e).__name__}: {e}"[:300]})
             except BaseException:
