@@ -19,7 +19,8 @@ from pydantic import Field, field_validator
 
 from config.section import Section
 
-LAYOUTS = ("auto", "brorl", "verl", "openrlhf", "problem-answer", "question-solution", "ifeval", "custom")
+LAYOUTS = ("auto", "brorl", "verl", "openrlhf", "problem-answer", "question-solution", "prompt-tests", "ifeval",
+           "custom")
 
 
 class DataSource(Section):
@@ -33,7 +34,8 @@ class DataSource(Section):
     layout: Literal[LAYOUTS] = "auto"  # type: ignore[valid-type]
     """How a row's fields are read: "auto" recognises the layouts below by their columns; "verl" (`prompt`
     as chat messages, `reward_model.ground_truth`, `data_source`), "openrlhf" (`input` / `label`, or the keys
-    set here), "problem-answer", "question-solution", "brorl" (`prompt`, `reference`, `verifier`), or
+    set here), "problem-answer", "question-solution", "prompt-tests" (`prompt` and a code test column:
+    HumanEval, MBPP), "brorl" (`prompt`, `reference`, `verifier`), or
     "custom" (`prompt_key` and `answer_key` name the columns)."""
 
     prompt_key: str = ""

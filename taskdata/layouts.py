@@ -6,14 +6,17 @@ map from a row's data source to the verifier that scores it.
 | brorl | `prompt` | `reference` | `data_source` | `verifier` |
 | verl | `prompt` (chat messages) | `reward_model.ground_truth` | `data_source` | by data source |
 | openrlhf | `input` | `label` | `datasource` | by data source |
-| problem-answer | `problem` | `answer` (else `solution`) | `source` / `data_source` | by data source |
-| question-solution | `question` | `solution` (else `answer`) | `source` / `data_source` | by data source |
+| problem-answer | `problem` | `answer` (else `solution`, `tests`) | `source` / `data_source` | by data source |
+| question-solution | `question` | `solution` (else `answer`, `input_output`, `test`) | `source` / `data_source` | by data source |
+| prompt-tests | `prompt` | `test` (else `test_list`, `tests`) | `data_source` | by data source |
 | ifeval | `prompt` | `{instruction_id_list, kwargs}` | "ifeval" | ifeval |
 | custom | `prompt_key` | `answer_key` | `source_key` | by data source |
 
 "auto" picks the first layout whose columns a file has, in the order above. A prompt is a string or a list
 of chat messages ({"role", "content"}); a reference that is not a string (code tests, IFEval's
-instructions) is passed on as JSON. Every failure names the field (`BadRow`); the loader adds file and row.
+instructions) is passed on as JSON. A row the code verifier scores takes its test columns
+(`CODE_TEST_COLUMNS`) as the reference where the layout's own column is a prose answer. Every failure names
+the field (`BadRow`); the loader adds file and row.
 """
 
 from __future__ import annotations
@@ -44,10 +47,18 @@ LAYOUTS: dict[str, Fields] = {
     "brorl": Fields("prompt", ("reference",), ("data_source",), verifier="verifier"),
     "verl": Fields("prompt", ("reward_model.ground_truth",), ("data_source",)),
     "openrlhf": Fields("input", ("label",), ("datasource", "data_source")),
-    "problem-answer": Fields("problem", ("answer", "solution"), ("source", "data_source")),
-    "question-solution": Fields("question", ("solution", "answer"), ("source", "data_source")),
+    "problem-answer": Fields("problem", ("answer", "solution", "tests"), ("source", "data_source")),
+    "question-solution": Fields("question", ("solution", "answer", "input_output", "test"),
+                                ("source", "data_source")),
+    "prompt-tests": Fields("prompt", ("test", "test_list", "tests"), ("data_source",)),
     "ifeval": Fields("prompt", ("instruction_id_list",), ()),
 }
+
+# a code row's test columns (DeepCoder `tests`, TACO / APPS `input_output`, KodCode / HumanEval `test`, MBPP
+# `test_list`, PrimeIntellect `verification_info`) and their companions: the reference of a row the code
+# verifier scores, in place of a prose `answer` / `solution` (not where answer_key names the column)
+CODE_TEST_COLUMNS = ("input_output", "verification_info", "tests", "test_cases", "test_list", "test", "functional")
+CODE_COMPANIONS = ("entry_point", "fn_name", "test_setup_code")
 
 # data source (fnmatch, case-insensitive) -> verifier: after `data.verifier_map`, first match wins
 BUILTIN_VERIFIER_MAP: tuple[tuple[str, str], ...] = (
@@ -56,7 +67,8 @@ BUILTIN_VERIFIER_MAP: tuple[tuple[str, str], ...] = (
     ("*gpqa*", "science"), ("*science*", "science"), ("*mmlu*", "science"), ("*sciq*", "science"),
     ("*scibench*", "science"), ("*chem*", "science"), ("*physic*", "science"), ("*biolog*", "science"),
     ("*code*", "code"), ("*apps*", "code"), ("*taco*", "code"), ("*livecodebench*", "code"),
-    ("*codeforces*", "code"), ("*leetcode*", "code"), ("*primeintellect*", "code"),
+    ("*codeforces*", "code"), ("*leetcode*", "code"), ("*primeintellect*", "code"), ("*humaneval*", "code"),
+    ("*mbpp*", "code"), ("*evalplus*", "code"),
     ("*math*", "math"), ("*gsm8k*", "math"), ("*aime*", "math"), ("*amc*", "math"), ("*olympiad*", "math"),
     ("*minerva*", "math"), ("*deepscaler*", "math"), ("*numina*", "math"), ("*orz*", "math"), ("*skywork*", "math"),
 )
@@ -73,7 +85,7 @@ def detect(columns: set[str]) -> str:
         if f.prompt in columns and top & columns and (not f.verifier or f.verifier in columns):
             return name
     raise BadRow(f"no known layout fits the columns {sorted(columns)}: set layout (verl, openrlhf, "
-                 f"problem-answer, question-solution, brorl) or layout = \"custom\" with prompt_key and answer_key")
+                 f"problem-answer, question-solution, prompt-tests, brorl) or layout = \"custom\" with prompt_key and answer_key")
 
 
 def fields_of(layout: str, prompt_key: str = "", answer_key: str = "", source_key: str = "") -> Fields:
@@ -139,19 +151,26 @@ def to_task(row: dict, f: Fields, *, task_id: str, default_source: str, verifier
         ref: Any = {"instruction_id_list": list(ids), "kwargs": list(kwargs or [{}] * len(ids))}
         source, verifier = default_source or "ifeval", verifier or "ifeval"
     else:
-        key = next((k for k in f.answer if get(row, k) is not None), f.answer[0])
-        ref = get(row, key)
-        if ref is None or (isinstance(ref, str) and not ref.strip()):
-            raise BadRow(f"{key}: missing or empty reference")
         source = next((str(v) for k in f.source if (v := get(row, k)) not in (None, "")), default_source)
         if not verifier and f.verifier:
             verifier = str(row.get(f.verifier) or "")
         verifier = verifier or verifier_for(source, user_map)
+        tests = {k: _plain(row[k]) for k in CODE_TEST_COLUMNS if row.get(k) is not None and row.get(k) != ""}
+        if verifier == "code" and tests and f.answer in _PROSE_ANSWERS:
+            ref = tests | {k: _plain(row[k]) for k in CODE_COMPANIONS if row.get(k) not in (None, "")}
+        else:
+            key = next((k for k in f.answer if get(row, k) is not None), f.answer[0])
+            ref = get(row, key)
+            if ref is None or (isinstance(ref, str) and not ref.strip()):
+                raise BadRow(f"{key}: missing or empty reference")
         if not verifier:
             raise BadRow(f"no verifier for data source {source!r}: name it in data.verifier_map "
                          f"(e.g. {{\"{source}\" = \"math\"}}) or set the file's verifier")
     reference = ref if isinstance(ref, str) else json.dumps(_plain(ref))
     return Task(prompt, reference, verifier, task_id, source=source, messages=messages)
+
+
+_PROSE_ANSWERS = {LAYOUTS[n].answer for n in ("problem-answer", "question-solution", "prompt-tests")}
 
 
 def _plain(v: Any) -> Any:

@@ -1,94 +1,158 @@
-"""Python programs scored against input/output tests in `verifiers.sandbox`.
+"""Python programs scored against tests in `verifiers.sandbox`.
 
-The reference is JSON: {"tests": [{"input": "...", "output": "..."}, ...]} (brorl's), or the layouts of
-APPS / TACO / verl's code data: {"inputs": [...], "outputs": [...]}, or a bare list of {"input", "output"}.
-The program is the last ```python fenced block of the completion (else the whole completion). Each test runs
-in a fresh sandbox; a test passes when the stripped standard output equals the stripped expected output.
-A reference is refused when the data is loaded (`check_reference`) if it has no test, or a test whose
-expected output is empty: a program that prints nothing would pass it.
+The reference is one of the formats `verifiers.code_formats.parse` reads — stdin/stdout tests, call-based
+tests (APPS / TACO / verl `fn_name`, LiveCodeBench functional, PrimeIntellect function_call, LeetCode's
+`class Solution`), or test code whose asserts are call-and-compare (HumanEval check(candidate), MBPP,
+KodCode's pytest functions) — or it is refused when the data is loaded (`check_reference`) with the reason.
+The program is the last python fenced block of the completion (`code_formats.extract_program`).
+
+stdin/stdout: each test runs in a fresh sandbox; its output is compared by `code_formats.outputs_match`.
+Call-based: one sandbox run of `verifiers/call_harness.py` executes the program and calls its function
+with each test's arguments, reporting the returned values on lines tagged with a random nonce; the scoring
+process (never the sandbox) compares them with the expected values, which never enter the sandbox. A
+program can therefore only report values it computed: a printed "passed", an early exit, SystemExit, a
+patched builtin or comparison, an object whose __eq__ says yes, or forged result lines all score 0 (a
+test left without exactly one result fails; two results for one test fail every test).
 reward = fraction of tests passed; correct = all passed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
+from dataclasses import replace
 
 from verifiers.base import VerifierResult
+from verifiers.code_compare import Spec, decode, extract_program, outputs_match, tagged
+from verifiers.code_formats import parse
 from verifiers.sandbox import Limits, Sandbox
 
 NAME = "code"
-VERSION = "1"
+VERSION = "2"
 LIMITS = Limits(cpu_s=5, wall_s=10.0, mem_mb=512)
-_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+CALL_S = 5.0
+"""Wall-clock seconds one call of a call-based test may take (the run's CPU limit grows with the tests)."""
+HARNESS = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_harness.py")).read()
 
 _DOUBLE = json.dumps({"tests": [{"input": "2\n", "output": "4"}, {"input": "5\n", "output": "10"}]})
+_CALL = json.dumps({"fn_name": "double", "inputs": [[2], [5]], "outputs": [[4], [10]]})
 SELF_TEST = [
     ("```python\nprint(int(input()) * 2)\n```", _DOUBLE, True),
     ("```python\nprint(int(input()) + 2)\n```", _DOUBLE, False),
+    ("```python\ndef double(x):\n    return 2 * x\n```", _CALL, True),
+    ("```python\ndef double(x):\n    print(2 * x)\n```", _CALL, False),
 ]
 
 
-def extract_program(completion: str) -> str:
-    blocks = _FENCE.findall(completion)
-    return blocks[-1] if blocks else completion
-
-
 def tests_of(reference: str) -> list[dict]:
-    """The reference's tests as [{"input": str, "output": str}]; ValueError if it has none or is malformed."""
-    obj = json.loads(reference)
-    if isinstance(obj, dict) and "tests" in obj:
-        obj = obj["tests"]
-    if isinstance(obj, dict) and "inputs" in obj and "outputs" in obj:
-        if len(obj["inputs"]) != len(obj["outputs"]):
-            raise ValueError(f"{len(obj['inputs'])} inputs but {len(obj['outputs'])} outputs")
-        obj = [{"input": i, "output": o} for i, o in zip(obj["inputs"], obj["outputs"])]
-    if not isinstance(obj, list) or not all(isinstance(t, dict) and "input" in t and "output" in t for t in obj):
-        raise ValueError("expected {\"tests\": [{\"input\", \"output\"}, ...]} or {\"inputs\": [...], \"outputs\": [...]}")
-    if not obj:
-        raise ValueError("reference has no tests")
-    return [{"input": _text(t["input"]), "output": _text(t["output"])} for t in obj]
-
-
-def _text(v) -> str:
-    return "\n".join(map(str, v)) if isinstance(v, list) else str(v)
+    """A stdin/stdout reference's tests as [{"input": str, "output": str}]; ValueError otherwise."""
+    spec = parse(reference)
+    if spec.kind != "stdio":
+        raise ValueError(f"not stdin/stdout tests but {spec.origin}")
+    return [{"input": t.input, "output": t.output} for t in spec.tests]
 
 
 def describe(reference: str) -> str:
-    tests = tests_of(reference)
-    return f"{len(tests)} stdin/stdout tests; the first: input {tests[0]['input'][:60]!r} -> {tests[0]['output'][:60]!r}"
+    spec = parse(reference)
+    t = spec.tests[0]
+    if spec.kind == "stdio":
+        return f"{len(spec.tests)} {spec.origin}; the first: input {t.input[:60]!r} -> {t.output[:60]!r}"
+    args = ", ".join([repr(a) for a in t.args] + [f"{k}={v!r}" for k, v in t.kwargs.items()])
+    return f"{len(spec.tests)} {spec.origin}; the first: {t.fn}({args[:60]}) {t.check} {t.expected!r:.60}"
 
 
 def check_reference(reference: str) -> str:
     try:
-        tests = tests_of(reference)
+        parse(reference)
     except (ValueError, TypeError) as e:
-        return f"not a code reference: {e}"
-    silent = [i for i, t in enumerate(tests) if not t["output"].strip()]
-    if silent:
-        return f"test {silent[0]} expects no output: any program that prints nothing would pass it"
+        return str(e) or type(e).__name__
     return ""
 
 
 def score(completion: str, reference: str, sandbox: Sandbox | None = None) -> VerifierResult:
-    if why := check_reference(reference):  # a bad reference is a dataset bug: an error, never a silent pass
-        raise ValueError(why)
-    tests = tests_of(reference)
+    try:
+        spec = parse(reference)
+    except (ValueError, TypeError) as e:  # a bad reference is a dataset bug: an error, never a silent pass
+        raise ValueError(f"not a code reference: {e}") from None
     program = extract_program(completion)
     if not program.strip():
         return VerifierResult(0.0, False, "no program")
     sb = sandbox or Sandbox(LIMITS)
-    passed, reasons = 0, []
-    for t in tests:
-        r = sb.run(program, t["input"])
+    outcomes = _run_stdio(sb, program, spec) if spec.kind == "stdio" else _run_calls(sb, program, spec)
+    passed = sum(o == "" for o in outcomes)
+    n = len(outcomes)
+    ok = passed == n
+    reason = "all tests passed" if ok else f"{passed}/{n} passed; " + ", ".join(sorted({o for o in outcomes if o}))
+    return VerifierResult(passed / n, ok, reason)
+
+
+def _run_stdio(sb: Sandbox, program: str, spec: Spec) -> list[str]:
+    out = []
+    for t in spec.tests:
+        r = sb.run(program, t.input)
         if r.timed_out:
-            reasons.append("timeout")
+            out.append("timeout")
         elif r.returncode != 0:
-            reasons.append(f"exit {r.returncode}")
-        elif r.stdout.strip() == t["output"].strip():
-            passed += 1
+            out.append(f"exit {r.returncode}")
         else:
-            reasons.append("wrong output")
-    ok = passed == len(tests)
-    reason = "all tests passed" if ok else f"{passed}/{len(tests)} passed; " + ", ".join(sorted(set(reasons)))
-    return VerifierResult(passed / len(tests), ok, reason)
+            out.append("" if outputs_match(r.stdout, t.output) else "wrong output")
+    return out
+
+
+def call_limits(base: Limits, n: int) -> Limits:
+    """One run for n calls: CPU seconds grow with the tests (to 30), the wall clock with the CPU."""
+    cpu = min(max(base.cpu_s, n), 30)
+    return replace(base, cpu_s=cpu, wall_s=max(base.wall_s, 2.0 * cpu + 5))
+
+
+def _run_calls(sb: Sandbox, program: str, spec: Spec) -> list[str]:
+    """Every test's outcome ("" = passed) from one harness run; the verdicts are reached here."""
+    nonce = secrets.token_hex(16)
+    calls = [{"fn": t.fn, "args": tagged(t.args), "kwargs": tagged(t.kwargs)} for t in spec.tests]
+    payload = json.dumps({"nonce": nonce, "code": program, "calls": calls, "per_call_s": CALL_S})
+    r = sb.run(HARNESS, payload, limits=call_limits(sb.limits, len(calls)))
+    results: dict[int, dict] = {}
+    load_error, forged = "", False
+    for line in r.stdout.splitlines():
+        tag, _, rest = line.partition(" ")
+        if tag != nonce:
+            continue
+        index, _, body = rest.partition(" ")
+        try:
+            value = json.loads(body)
+        except (ValueError, RecursionError):  # malformed, nested too deep, an integer of too many digits
+            value = {"error": "an unreadable result"}
+        if index == "load":
+            load_error = str(value.get("error", "")) if isinstance(value, dict) else "load"
+            continue
+        if not re.fullmatch(r"[0-9]{1,9}", index) or int(index) in results or int(index) >= len(calls):
+            forged = True
+            continue
+        results[int(index)] = value if isinstance(value, dict) else {"error": "a malformed result"}
+    if forged:
+        return ["results the harness did not write"] * len(calls)
+    if load_error:
+        return [f"the program failed to load ({load_error.split(':')[0]})"] * len(calls)
+    out = []
+    timed_out = r.timed_out or any(v.get("timeout") is True for v in results.values())  # the harness stops there
+    for i, t in enumerate(spec.tests):
+        res = results.get(i)
+        if res is None:
+            out.append("timeout" if timed_out else f"exit {r.returncode}" if r.returncode else "no result")
+        elif "ok" in res:
+            out.append(_verdict(t, res["ok"]))
+        elif res.get("timeout") is True:
+            out.append("timeout")
+        else:
+            out.append(f"error {str(res.get('error', '?')).split(':')[0][:40]}")
+    return out
+
+
+def _verdict(test, raw) -> str:
+    try:
+        got = decode(raw)
+    except RecursionError:
+        return "a result nested too deep"
+    return "" if test.passes(got) else "wrong answer"

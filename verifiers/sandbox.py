@@ -170,14 +170,16 @@ class Sandbox:
                 f"verifiers.sandbox_unsafe = true to run untrusted programs with rlimits only (unsafe)")
         self.contained = problem is None
 
-    def run(self, program: str, stdin: str = "") -> RunResult:
+    def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
+        """Run `program` with `stdin`, under `limits` (default: the sandbox's own)."""
+        lim = limits or self.limits
         if self.contained:
-            return _run_contained(self.limits, program, stdin, proc=host_support().proc)
+            return _run_contained(lim, program, stdin, proc=host_support().proc)
         with tempfile.TemporaryDirectory(prefix="brorl-unsafe-") as work:
             with open(os.path.join(work, "main.py"), "w") as f:
                 f.write(program)
             os.chmod(work, 0o777)  # as root the program still runs under a fresh uid: let it work there
-            return _run([python_binary(), "-I", "main.py"], self.limits, stdin, cwd=work)
+            return _run([python_binary(), "-I", "main.py"], lim, stdin, cwd=work)
 
 
 def _run_contained(lim: Limits, program: str, stdin: str, proc: bool = True) -> RunResult:
