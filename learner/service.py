@@ -296,8 +296,8 @@ class LearnerService(Intake):
             await asyncio.sleep(min(1.0, self.members.timeout_s / 4))
             self.sockets.control.drain()  # subscriptions: bounded per peer
             self.evict_silent()
+            await self.send_nacks()  # before the deadline: a NACKed group returns its prompt as "invalid"
             self.expire_leases()
-            await self.send_nacks()
             now = time.monotonic()
             if self.version != last_step:
                 last_step, since, warned = self.version, now, 0.0
