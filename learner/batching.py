@@ -1,6 +1,6 @@
 """The learner's bookkeeping between sockets and training step, each piece small and socket-free.
 
-Dispatcher  owns the data cursor: prompt ids are positions in the seeded train-task stream. It grants
+Dispatcher  (`learner.dispatch`) owns the data cursor: prompt ids are positions in the seeded train-task stream. It grants
             up to the requested credits, bounded by the room the batcher leaves and by freshness: an actor
             whose weights are version v gets a prompt only if the prompts already pending (granted, not
             yet consumed) can be trained before step v + max_staleness, i.e. pending < (v + K − step + 1)

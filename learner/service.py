@@ -289,8 +289,9 @@ class LearnerService(Intake):
         self.ledger.flush()
 
     async def _watchdog_task(self) -> None:
-        """Evicts silent actors, takes back leases past their deadline; and when no step has completed for `learner.no_progress_s`, says in the log
-        (and the next step's `no_progress_warnings`) why no batch is forming."""
+        """Evicts silent actors, sends pending NACKs, takes back leases past their deadline; and when no step
+        has completed for `learner.no_progress_s`, says in the log (and the next step's
+        `no_progress_warnings`) why no batch is forming."""
         last_step, since, warned = self.version, time.monotonic(), 0.0
         while True:
             await asyncio.sleep(min(1.0, self.members.timeout_s / 4))
