@@ -250,6 +250,14 @@ class LearnerConfig(Section):
     """When no step has completed for this long, the learner logs why no batch is forming (and again
     every as long), and counts it in the next step's `no_progress_warnings`."""
 
+    lease_timeout_s: float = Field(0.0, ge=0.0)
+    """Seconds a granted prompt (a lease) may go unanswered before it goes back to the queue and is granted
+    to whoever asks next; its holder then holds at most one prompt until it delivers a group (a late group
+    still counts if its prompt was not granted again). 0: automatic, 3 × the longest of the last 256
+    leases answered (grant to group), at least 30 s, and no deadline before the first group: it follows
+    the job's own group times, so slow actors at large N are not robbed. Each actor holds at most its
+    share of the freshness bound (the bound / the live actors) either way."""
+
     max_nonfinite_steps: int = Field(3, ge=1)
     """A step whose every mini-batch had a non-finite loss or gradient norm changes nothing (skipped,
     counted in `step_skipped`); this many such steps in a row stop the job with the error, after a

@@ -53,7 +53,7 @@ class Sim:
         self.f, self.r = fleet, fleet.rates
         self.rng = random.Random(fleet.seed)
         cfg = SimpleNamespace(job=SimpleNamespace(prompts_per_step=fleet.prompts_per_step, max_staleness=fleet.max_staleness),
-                              run=SimpleNamespace(reproducible=False))
+                              run=SimpleNamespace(reproducible=False), learner=SimpleNamespace(lease_timeout_s=0.0))
         self.dispatcher = Dispatcher(cfg, tasks=Tasks())
         self.admission = Admission(fleet.max_staleness)
         self.actors = [Actor() for _ in range(fleet.actors)]

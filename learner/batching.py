@@ -1,6 +1,6 @@
 """The learner's bookkeeping between sockets and training step, each piece small and socket-free.
 
-Dispatcher  owns the data cursor: prompt ids are positions in the seeded train-task stream. It grants
+Dispatcher  (`learner.dispatch`) owns the data cursor: prompt ids are positions in the seeded train-task stream. It grants
             up to the requested credits, bounded by the room the batcher leaves and by freshness: an actor
             whose weights are version v gets a prompt only if the prompts already pending (granted, not
             yet consumed) can be trained before step v + max_staleness, i.e. pending < (v + K − step + 1)
@@ -8,7 +8,9 @@ Dispatcher  owns the data cursor: prompt ids are positions in the seeded train-t
             actor generates is trained, not dropped as stale, and K sets how far generation may run
             ahead of training. A granted prompt is a lease held by one actor: its group is used only if it
             comes from that actor (`claim`), and the prompts of an actor that is gone go back to the queue
-            (`retire`). It re-issues prompts that come back unanswered, and knows which granted
+            (`retire`). One actor holds at most its share of the freshness bound (the bound / the live
+            actors), and a lease not answered within its deadline (`learner.lease_timeout_s`) goes back to
+            the queue (`expire`); its holder then holds at most one prompt until it delivers a group. It re-issues prompts that come back unanswered, and knows which granted
             prompts are not yet consumed (trained on or dropped by dynamic sampling) — that set and the
             next fresh id are its checkpoint state, so a resumed run hands out exactly the prompts the
             interrupted one had not consumed, then carries on.
@@ -22,190 +24,21 @@ Batcher     dynamic sampling with backfill: drops all-correct / all-wrong groups
 (Which actors are alive and in the weight group: `learner.membership`.)
 """
 
+
 from __future__ import annotations
 
 import asyncio
 import collections
-import logging
-import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
-from config.schema import BrorlConfig
+from learner.dispatch import Dispatcher, TaskStream
 from transport import wire
-from transport.staleness import fresh, staleness, steps_left
+from transport.staleness import fresh, staleness
 
-log = logging.getLogger("brorl.learner")
-
-
-class TaskStream:
-    """Random access into the deterministic train-task stream (extended lazily), each task rendered for the
-    model (`taskdata.render`: chat template, token ids) with `renderer`. A task that cannot be rendered (too
-    long for `actor.max_model_len`, chat messages without a template) is skipped, logged and counted. Only
-    tasks at or after `forget_before`'s id are kept, so a long job holds the prompts still in play."""
-
-    def __init__(self, cfg: BrorlConfig, renderer=None):
-        from taskdata import train_tasks
-
-        self._it: Iterator = train_tasks(cfg)
-        self.renderer = renderer
-        self._cache: dict[int, tuple[object, list[int]]] = {}
-        self._next = 0  # id of the next task the iterator yields
-        self.unrenderable = 0  # tasks skipped since the last take_stats
-
-    def __getitem__(self, i: int):
-        """(task, prompt token ids): ids are empty without a renderer (the engine tokenizes the text)."""
-        while self._next <= i:
-            self._cache[self._next] = self._render_next()
-            self._next += 1
-        if i not in self._cache:
-            raise KeyError(f"task {i} was forgotten (no longer in play)")
-        return self._cache[i]
-
-    def _render_next(self) -> tuple[object, list[int]]:
-        from taskdata import RenderError
-
-        for _ in range(1000):
-            t = next(self._it)
-            if self.renderer is None:
-                return t, []
-            try:
-                return t, self.renderer.render(t).ids
-            except RenderError as e:
-                self.unrenderable += 1
-                log.warning("task left out: %s", e)
-        raise RuntimeError("1000 tasks in a row could not be rendered (see the log): check data.* and "
-                           "actor.max_model_len with `brorl data preview`")
-
-    def forget_before(self, i: int) -> None:
-        for k in [k for k in self._cache if k < i]:
-            del self._cache[k]
-
-    def __len__(self) -> int:
-        return len(self._cache)
-
-
-class Dispatcher:
-    def __init__(self, cfg: BrorlConfig, tasks: TaskStream | None = None):
-        self.tasks = tasks if tasks is not None else TaskStream(cfg)  # (an empty stream is falsy: it has a len)
-        self.next_id = 0
-        self.requeue: collections.deque[int] = collections.deque()
-        self.outstanding: dict[int, str] = {}  # granted, not yet answered: prompt id -> the actor holding it
-        self.pending: set[int] = set()  # granted, not yet consumed (includes outstanding and buffered)
-        self.B = cfg.job.prompts_per_step
-        self.max_staleness = cfg.job.max_staleness
-        self.keep_rate = 1.0  # kept groups / received groups, running estimate (dynamic sampling)
-        self.ordered = cfg.run.reproducible
-        self.wave_left = 0  # ordered: prompts of the current wave not yet granted
-
-    @property
-    def cursor(self) -> int:
-        return self.next_id
-
-    def allowed_pending(self, step: int, actor_version: int) -> int:
-        """Prompts that may be pending for an actor at `actor_version` while the learner is at `step`."""
-        steps_fresh = steps_left(step, actor_version, self.max_staleness)
-        return max(0, math.ceil(steps_fresh * self.B / self.keep_rate))
-
-    def observe_keep_rate(self, kept: int, received: int) -> None:
-        if received > 0:
-            self.keep_rate = min(1.0, max(0.25, 0.7 * self.keep_rate + 0.3 * kept / received))
-
-    def grant(self, actor_id: str, credits: int, room: int, *, step: int | None = None,
-              actor_version: int | None = None, settled: int = 0, kept: int = 0) -> list[wire.PromptItem]:
-        """`settled`: pending prompts already dropped by dynamic sampling (committed with the next step);
-        they will never be trained, so they do not count against the freshness bound. `kept`: groups of this
-        step kept so far (the waves of `run.reproducible`)."""
-        if self.ordered:
-            return self._items(actor_id, self._wave(credits, step, actor_version, kept))
-        n = min(credits, room)
-        if step is not None and actor_version is not None:
-            # prompts waiting in the requeue are pending but in nobody's hands: they take a place again
-            # when re-granted, so they must not block their own re-grant (a deadlock once every pending
-            # prompt had come back, e.g. from groups dropped as stale)
-            in_play = len(self.pending) - len(self.requeue) - settled
-            n = min(n, self.allowed_pending(step, actor_version) - in_play)
-        return self._items(actor_id, max(0, n))
-
-    def _wave(self, credits: int, step: int | None, actor_version: int | None, kept: int) -> int:
-        """`run.reproducible`: prompts go out in waves. A wave starts only once the one before is answered,
-        for an actor holding the current weights, and is as large as the step still needs, ceil((B − kept) /
-        keep_rate): its size depends on what the run has seen, never on when the actor asked."""
-        if (self.wave_left == 0 and not self.outstanding and step is not None and actor_version is not None
-                and steps_left(step, actor_version, self.max_staleness) > 0):  # the actor's weights are fresh
-            self.wave_left = max(0, math.ceil((self.B - kept) / self.keep_rate))
-        n = min(credits, self.wave_left)
-        self.wave_left -= n
-        return n
-
-    def wave_done(self) -> bool:
-        """Every prompt of the current wave granted and answered."""
-        return self.wave_left == 0 and not self.outstanding
-
-    def _items(self, actor_id: str, n: int) -> list[wire.PromptItem]:
-        items = []
-        for _ in range(n):
-            pid = self.requeue.popleft() if self.requeue else self._fresh()
-            t, ids = self.tasks[pid]
-            items.append(wire.PromptItem(pid, t.prompt, t.reference, t.verifier, t.task_id, ids, t.source))
-            self.outstanding[pid] = actor_id
-            self.pending.add(pid)
-        return items
-
-    def _fresh(self) -> int:
-        pid = self.next_id
-        self.next_id += 1
-        return pid
-
-    def claim(self, pid: int, actor_id: str) -> bool:
-        """A group for `pid` arrived from `actor_id`: may it be used? Yes if that actor holds the prompt, or
-        if the prompt came back and waits to be granted again (it is taken off the queue). No otherwise —
-        the prompt was answered already, or now belongs to another actor — so no prompt is trained twice."""
-        if self.outstanding.get(pid) == actor_id:
-            del self.outstanding[pid]
-            return True
-        if pid in self.pending and pid not in self.outstanding and pid in self.requeue:
-            self.requeue.remove(pid)
-            return True
-        return False
-
-    def give_back(self, pids: list[int], actor_id: str | None = None) -> list[int]:
-        """Prompts back to the queue (granted again first); with `actor_id`, only those that actor holds."""
-        back = []
-        for pid in pids:
-            if pid not in self.pending or pid in self.requeue:
-                continue
-            if actor_id is not None and self.outstanding.get(pid) != actor_id:
-                continue
-            self.outstanding.pop(pid, None)
-            self.requeue.append(pid)
-            back.append(pid)
-        return back
-
-    def retire(self, actor_id: str) -> list[int]:
-        """An actor is gone: every prompt it holds goes back to the queue; returns them."""
-        return self.give_back([pid for pid, a in self.outstanding.items() if a == actor_id], actor_id)
-
-    def commit(self, consumed: list[int]) -> None:
-        for pid in consumed:
-            self.pending.discard(pid)
-            self.outstanding.pop(pid, None)
-        forget = getattr(self.tasks, "forget_before", None)
-        if forget is not None:
-            forget(min(self.pending, default=self.next_id))
-
-    def state(self) -> dict:
-        return {"next_id": self.next_id, "pending": sorted(self.pending)}
-
-    def load_state(self, st: dict) -> None:
-        """What `state` saved: the prompts pending then wait in the queue, and stay pending (so a checkpoint
-        taken before they are all granted again still holds them, and they count against freshness)."""
-        self.next_id = int(st["next_id"])
-        self.outstanding = {}
-        self.requeue = collections.deque(sorted(int(p) for p in st["pending"]))
-        self.pending = set(self.requeue)
+__all__ = ["TaskStream", "Dispatcher", "Admission", "Batch", "Batcher"]
 
 
 class Admission:

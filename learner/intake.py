@@ -78,7 +78,8 @@ class Intake:
                 return await self.sockets.work.send(ident, wire.WorkAssignment([]))
             items = self.dispatcher.grant(actor, msg.credits, self.batcher.room(), step=self.version,
                                           actor_version=msg.version, settled=len(self.batcher.consumed_ids),
-                                          kept=len(self.batcher.kept) if self.batcher.waiting else self.batcher.B)
+                                          kept=len(self.batcher.kept) if self.batcher.waiting else self.batcher.B,
+                                          actors=self.members.active())
             if items:
                 self._record({"granted": [i.prompt_id for i in items], "actor": actor, "sources": [i.source for i in items],
                               "incarnation": self.members.incarnations.get(actor, "")})
@@ -135,13 +136,18 @@ class Intake:
             await self.sockets.work.send(route, msg)
 
     async def ack_duplicates(self) -> None:
-        """Acknowledge groups received again, each to its own (authenticated) sender."""
-        for actor, ids in self.sockets.rollouts.take_duplicate_ids().items():
-            await self.send_to(actor, wire.GroupAck(ids))
+        """Acknowledge groups received again, each to its own (authenticated) sender; a prompt the sender
+        still holds goes back to the queue (the group that answered it was used, refused or dropped)."""
+        for actor, dups in self.sockets.rollouts.take_duplicate_ids().items():
+            await self.send_to(actor, wire.GroupAck([gid for gid, _, _ in dups]))
+            self.take_back([pid for _, pid, peer in dups if not identity_problem(
+                actor, peer, self.members.addresses.get(actor), self.cfg.transport.curve)], actor, "duplicate")
 
     async def send_nacks(self) -> None:
         """NACK groups that did not decode but named their sender and id (so it stops re-sending them); the
-        prompt goes back to the queue if the sender, authenticated as itself, holds it."""
+        prompt goes back to the queue if the sender, authenticated as itself, holds it. (A prompt id that
+        cannot be read — not an integer nor a string of digits — returns nothing: that lease goes back at its
+        deadline, `Dispatcher.expire`.)"""
         for n in self.sockets.rollouts.take_nacks():
             self.validator.count(n.actor_id[:64], n.group_id[:200], n.why)
             await self.send_to(n.actor_id, wire.GroupAck([], {n.group_id: n.why}))
@@ -196,6 +202,15 @@ class Intake:
         self._record({"returned": back, "actor": actor, "reason": "restarted"})
         log.warning("actor %s restarted (incarnation %s retired); %d prompts it held go back to the queue",
                     actor, incarnation, len(back))
+
+    def expire_leases(self) -> None:
+        """Leases unanswered past their deadline go back to the queue (`Dispatcher.expire`): a holder that
+        does not deliver loses its prompts to the others without being evicted first."""
+        for actor, back in self.dispatcher.expire().items():
+            self._record({"returned": back, "actor": actor, "reason": "expired"})
+            log.warning("actor %s held %d prompts past the lease deadline (%.0f s, learner.lease_timeout_s): they "
+                        "go back to the queue; it holds at most one until it delivers a group", actor, len(back),
+                        self.dispatcher.lease_deadline())
 
     def evict_silent(self, within_s: float | None = None) -> None:
         """Actors silent for `transport.heartbeat_timeout_s` (or `within_s`) leave the membership (the next

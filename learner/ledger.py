@@ -4,7 +4,7 @@ of every prompt — what was granted to whom, trained, dropped, returned, and le
 Rows: {"start": step, "epoch", "next_id", "pending"} when a learner process starts (a resume starts again at its checkpoint's
 step); {"granted": [...], "actor", "incarnation", "sources": [...]} (each prompt's data source); {"returned": [...], "actor", "reason"} when prompts go back
 to the queue to be granted again (reason: restarted, evicted, handed_back — the actor aborted or failed
-them —, invalid, unleased, stale);
+them —, invalid, unleased, stale, expired — unanswered past its lease deadline —, duplicate);
 {"step": s, "trained": [...], "dropped": [...]}; {"end": step, "pending": [...]} when a learner finishes.
 Steps a learner trained after its last checkpoint and before it died are lost: the next process trains
 from the checkpoint again, so only each process's steps up to the next one's start count."""

@@ -15,9 +15,10 @@ log = logging.getLogger("brorl.learner")
 
 
 class Membership:
-    def __init__(self, timeout_s: float = 15.0, max_actors: int = 256):
+    def __init__(self, timeout_s: float = 15.0, max_actors: int = 256, backoff_s: float = 120.0):
         self.timeout_s = timeout_s
         self.max_actors = max_actors
+        self.backoff_s = backoff_s  # a left-out member's first back-off (the weight timeout it cost), doubling
         self.last_seen: dict[str, float] = {}
         self.addresses: dict[str, str] = {}  # actor id -> the address its last hello came from
         self.routes: dict[str, bytes] = {}  # actor id -> the connection its last authenticated message came on
@@ -34,7 +35,11 @@ class Membership:
         self.last_error: dict[str, str] = {}
         self.suspects: set[str] = set()  # missed a roll call: not alive until heard from again
         self.joining: dict[str, tuple[str, float]] = {}  # actor id -> (weight group its last heartbeat named, when)
-        self.shunned: set[str] = set()  # never named a weight group it was called to: left out until a hello
+        # never named a weight group it was called to: left out until it says hello again, and its back-off
+        # (doubling per failed rendezvous, per key: strikes survive hellos, restarts and pruning) is over
+        self.shunned: dict[str, float] = {}  # actor id -> when its back-off ends
+        self.strikes: dict[str, int] = {}  # actor id -> failed rendezvous it was absent from, since it last joined
+        self.rejoining: set[str] = set()  # left out, and said hello since: back in once its back-off ends
         self.bad_weights: dict[str, int] = {}  # actor -> version whose weights it reported with a wrong checksum
         self.resync = False
         self._reminded: dict[str, float] = {}
@@ -55,7 +60,6 @@ class Membership:
             for table in (self._heard, self.incarnations, self.addresses, self.last_seen, self.versions,
                           self.actor_stats, self.last_error, self.bad_weights, self.joining):
                 table.pop(a, None)
-            self.shunned.discard(a)
             self.route_owner.pop(self.routes.pop(a, b""), None)
             self.suspects.discard(a)
 
@@ -65,10 +69,12 @@ class Membership:
         left_group is True if it comes from a member of the current weight group — the actor (or its
         engine) restarted, that group is gone for it and its rendezvous must not be handed out again;
         retired is the actor's previous incarnation when this hello comes from a new process under the
-        same actor id (else None)."""
+        same actor id (else None). A member left out of weight groups (`shun_absent`) stays out until its
+        back-off is over, whatever its incarnation."""
         self._heard[actor_id] = time.monotonic()
         self.addresses[actor_id] = address
-        self.shunned.discard(actor_id)  # a new start: it may take part in weight groups again
+        if actor_id in self.shunned:  # it may take part in weight groups again, once its back-off is over
+            self.rejoining.add(actor_id)
         old = self.incarnations.get(actor_id)
         self.incarnations[actor_id] = incarnation
         left = actor_id in self.group
@@ -159,17 +165,48 @@ class Membership:
     def alive(self) -> list[str]:
         now = time.monotonic()
         return sorted(a for a, t in self.last_seen.items()
-                      if now - t < self.timeout_s and a not in self.suspects and a not in self.shunned)
+                      if now - t < self.timeout_s and a not in self.suspects and not self.left_out(a, now))
+
+    def active(self) -> int:
+        """Actors that showed a sign of life within `timeout_s` (weight groups or not): who may ask for work."""
+        now = time.monotonic()
+        return sum(1 for t in self.last_seen.values() if now - t < self.timeout_s)
+
+    def left_out(self, actor_id: str, now: float | None = None) -> bool:
+        """Is this actor kept out of weight groups (it failed one and has not both said hello again and
+        waited out its back-off)?"""
+        if actor_id not in self.shunned:
+            return False
+        return actor_id not in self.rejoining or (time.monotonic() if now is None else now) < self.shunned[actor_id]
 
     def shun_absent(self, group: list[str], name: str, since: float) -> list[str]:
         """After the rendezvous of weight group `name` of `group` failed: the members that showed they live
         after `since` (time enough to have been told of it) but whose heartbeats never named it are left out
-        of weight groups until they say hello again — they live and do not join. Silent ones (dead,
-        stopped) are not: the heartbeat timeout evicts them. Returns those left out."""
+        of weight groups — they live and do not join — until they say hello again and a back-off is over:
+        `backoff_s` after the first such failure, doubling with each further one (up to 64×), counted per
+        actor id until it joins a group that forms (a hello, or a new incarnation, does not reset it). Silent
+        ones (dead, stopped) are not left out: the heartbeat timeout evicts them. Returns those left out."""
         absent = sorted(a for a in group if self.last_seen.get(a, -math.inf) > since
                         and self.joining.get(a, ("", 0.0))[0] != name)
-        self.shunned.update(absent)
+        now = time.monotonic()
+        for a in absent:
+            if a not in self.strikes and len(self.strikes) >= 4 * self.max_actors:  # bounded: oldest goes
+                old = next(iter(self.strikes))
+                self.strikes.pop(old)
+                self.shunned.pop(old, None)
+                self.rejoining.discard(old)
+            k = self.strikes[a] = self.strikes.get(a, 0) + 1
+            self.shunned[a] = now + self.backoff_s * 2 ** min(k - 1, 6)
+            self.rejoining.discard(a)
         return absent
+
+    def joined(self, group: list[str]) -> None:
+        """Weight group `group` formed: its members proved they join; their strikes are forgiven."""
+        self.group = group
+        for a in group:
+            self.shunned.pop(a, None)
+            self.strikes.pop(a, None)
+            self.rejoining.discard(a)
 
     def drop_silent(self, within_s: float | None = None) -> list[str]:
         """Forget actors silent for `timeout_s` (or `within_s`) or longer (no longer members); returns them."""

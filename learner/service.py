@@ -83,7 +83,7 @@ class LearnerService(Intake):
                                lambda pids: self.take_back(pids, None, "stale", holder=False),
                                self.dispatcher.wave_done if cfg.run.reproducible else None)
         t = cfg.transport
-        self.members = Membership(t.heartbeat_timeout_s, t.max_actors)
+        self.members = Membership(t.heartbeat_timeout_s, t.max_actors, backoff_s=t.weight_timeout_s)
         self.validator = GroupValidator(cfg, model.get_input_embeddings().num_embeddings)
         self._admin_tasks: set[asyncio.Task] = set()
         if saved is not None:
@@ -215,7 +215,7 @@ class LearnerService(Intake):
                 forming = (info["group_name"], time.monotonic())
                 await self.broadcaster.open(info)
                 forming = None
-                self.members.group = alive
+                self.members.joined(alive)
             await self.sockets.control.publish("version", version=self.version)
             self.members.expect(self.version, await self.broadcaster.broadcast())
             self.members.synced_version = self.version
@@ -225,7 +225,8 @@ class LearnerService(Intake):
             if forming and (absent := self.members.shun_absent(
                     alive, forming[0], forming[1] + 2 * self.cfg.transport.heartbeat_interval_s)):
                 log.error("actors %s heartbeat but never named weight group %s: left out of weight groups until "
-                          "they say hello again", absent, forming[0])
+                          "they say hello again after a back-off (%s)", absent, forming[0],
+                          ", ".join(f"{a}: {self.members.shunned[a] - time.monotonic():.0f} s" for a in absent))
             self._drop_group()
             # a member that died is why it failed: give the living two heartbeats to show themselves and
             # evict the rest now, so the next rendezvous does not wait a whole weight timeout for the dead
@@ -288,14 +289,16 @@ class LearnerService(Intake):
         self.ledger.flush()
 
     async def _watchdog_task(self) -> None:
-        """Evicts silent actors; and when no step has completed for `learner.no_progress_s`, says in the log
-        (and the next step's `no_progress_warnings`) why no batch is forming."""
+        """Evicts silent actors, sends pending NACKs, takes back leases past their deadline; and when no step
+        has completed for `learner.no_progress_s`, says in the log (and the next step's
+        `no_progress_warnings`) why no batch is forming."""
         last_step, since, warned = self.version, time.monotonic(), 0.0
         while True:
             await asyncio.sleep(min(1.0, self.members.timeout_s / 4))
             self.sockets.control.drain()  # subscriptions: bounded per peer
             self.evict_silent()
-            await self.send_nacks()
+            await self.send_nacks()  # before the deadline: a NACKed group returns its prompt as "invalid"
+            self.expire_leases()
             now = time.monotonic()
             if self.version != last_step:
                 last_step, since, warned = self.version, now, 0.0

@@ -139,7 +139,7 @@ class RolloutReceiver:
         self.rejects = _Rejects("rollout PULL")
         self.curve = sec.curve
         self.duplicates = 0
-        self.dup_ids: list[str] = []
+        self.dup_ids: list[tuple[str, int, Peer]] = []  # (group id, prompt id, connection) of duplicates
         self.last_peer = Peer()
         self.nacks: list[tuple[str, str, str]] = []  # (actor id, group id, why) of undecodable groups
         # that still name themselves: the caller NACKs them (bounded: the oldest are dropped)
@@ -200,7 +200,7 @@ class RolloutReceiver:
             self.last_peer = peer
             if dup:
                 self.duplicates += 1
-                self.dup_ids = self.dup_ids[-1023:] + [group.group_id]
+                self.dup_ids = self.dup_ids[-1023:] + [(group.group_id, group.prompt_id, peer)]
                 continue
             return group
 
@@ -228,7 +228,7 @@ class RolloutReceiver:
         except (orjson.JSONDecodeError, AttributeError):
             return
         if isinstance(h, dict) and isinstance(h.get("actor_id"), str) and isinstance(h.get("group_id"), str):
-            pid = h["prompt_id"] if type(h.get("prompt_id")) is int else None
+            pid = readable_prompt_id(h.get("prompt_id"))
             self._add_nack(Nack(h["actor_id"], h["group_id"], f"malformed: {why}"[:300], pid, Peer.of(head)))
 
     def _add_nack(self, nack: Nack) -> None:
@@ -243,10 +243,21 @@ class RolloutReceiver:
         """Drop the duplicate table of one sender ("<actor_id>:<incarnation>", a retired incarnation)."""
         self._seen.pop(prefix, None)
 
-    def take_duplicate_ids(self) -> dict[str, list[str]]:
-        """Group ids received again since the last call, by their (authenticated) actor."""
-        out: dict[str, list[str]] = {}
-        for gid in self.dup_ids:
-            out.setdefault(gid.rsplit(":", 2)[0], []).append(gid)
+    def take_duplicate_ids(self) -> dict[str, list[tuple[str, int, Peer]]]:
+        """(group id, prompt id, connection) of groups received again since the last call, by their
+        (authenticated) actor."""
+        out: dict[str, list[tuple[str, int, Peer]]] = {}
+        for dup in self.dup_ids:
+            out.setdefault(dup[0].rsplit(":", 2)[0], []).append(dup)
         self.dup_ids = []
         return out
+
+
+def readable_prompt_id(value: Any) -> int | None:
+    """The prompt id an undecodable group's header names, if it can be read: an int, or a string of at most
+    18 decimal digits ("71"); else None (its lease then goes back at its deadline)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and 0 < len(value) <= 18 and value.isascii() and value.isdigit():
+        return int(value)
+    return None

@@ -187,29 +187,116 @@ async def test_work_requests_from_versions_never_published_are_refused(tiny_mode
 async def test_a_member_that_never_joins_the_weight_group_is_left_out_of_the_next(tiny_model_dir, tmp_path):
     """Finding 13: an actor that says hello and heartbeats but never joins the weight group failed every
     rendezvous (each costing transport.weight_timeout_s): 0 steps. Now the first failed group leaves it out
-    of the next one (its heartbeats never named the group) and the job trains."""
-    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=4, **{"transport.weight_timeout_s": 5.0})
+    of the next one (its heartbeats never named the group) and the job trains. Issue 52: saying hello again
+    (the same incarnation) whenever a group formed without it brought it back into every regroup (0 steps
+    in 60 s); it now stays out for a back-off (transport.weight_timeout_s, doubling) whatever it says."""
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=6, **{"transport.weight_timeout_s": 5.0})
     svc = LearnerService(cfg)
+    svc.members.backoff_s = 60.0  # longer than the job: whenever z0 says hello, it is still out
     ep = LearnerService.endpoints_of(cfg)
     a0 = FakeActor(ep, "a0", n_samples=N, seed=6, sec=Security(True, keys, "a0"))
     z0 = FakeActor(ep, "z0", n_samples=N, seed=7, sec=Security(True, keys, "z0"), never_joins=True)
     z0.may_work.clear()  # it only says hello and heartbeats
-    a0.may_work.clear()  # until z0 is a member: a0 alone trains the 4 steps in a second, before z0's first heartbeat
+    a0.may_work.clear()  # until z0 is a member: a0 alone trains the 6 steps in a second, before z0's first heartbeat
+    hellos: list[str] = []
+    called: list[list[str]] = []  # the members of each rendezvous published after z0's second hello
+    seen: dict[str, object] = {}
+
+    def spy(hello):
+        def counted(actor, *args):
+            hellos.append(actor)
+            return hello(actor, *args)
+        return counted
 
     async def attack():
         await z0.start()
         await until_alive(svc, {"a0", "z0"})
         a0.may_work.set()
-        await asyncio.Event().wait()
+        while svc.members.group != ["a0"]:  # the first rendezvous failed for z0; a group formed without it
+            await asyncio.sleep(0.01)
+        a0.may_work.clear()  # the job waits while z0 says hello again
+        svc.members.hello = spy(svc.members.hello)
+        await z0.sockets.work.send(z0.sockets.hello(z0.version))  # the same incarnation
+        while "z0" not in hellos:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # heartbeats of z0 after its hello
+        seen["alive"] = svc.members.alive()
+        a0.may_work.set()
+        while True:
+            members = sorted(svc.sockets.control.weights.get("offsets", {}))
+            if members and (not called or called[-1] != members):
+                called.append(members)
+            await asyncio.sleep(0.005)
 
     t0 = time.monotonic()
     try:
         await run(cfg, svc, [a0], attack, timeout_s=90)
     finally:
         await z0.kill()
-    assert svc.members.shunned == {"z0"}
-    assert a0.received_versions[-1] == 4
+    assert seen["alive"] == ["a0"]  # its hello did not bring it back
+    assert not any("z0" in g for g in called), called  # nor into any rendezvous after it
+    assert set(svc.members.shunned) == {"z0"} and svc.members.strikes == {"z0": 1}
+    assert a0.received_versions[-1] == 6
     assert time.monotonic() - t0 < 60  # one failed rendezvous (5 s), not one per step
+
+
+async def test_a_key_that_holds_prompts_and_answers_none_loses_them_to_the_honest_actor(tiny_model_dir, tmp_path):
+    """Issue 52: a member that joins the weights and heartbeats, asks for 1000 prompts at its true version
+    every 0.3 s and answers none was granted the whole freshness bound and held it for good (2 steps in
+    20 s, not 45); a group it NACKed for the prompt id "71" (a string) kept its prompt leased too. Now it
+    holds at most its share, its leases expire (learner.lease_timeout_s) and go to the honest actor, and
+    the NACKed prompt is granted again at once."""
+    cfg, keys = curve_job(tiny_model_dir, tmp_path, steps=6, **{"learner.lease_timeout_s": 1.0})
+    svc = LearnerService(cfg)
+    ep = LearnerService.endpoints_of(cfg)
+    a0 = FakeActor(ep, "a0", n_samples=N, seed=11, sec=Security(True, keys, "a0"))
+    a0.may_work.clear()  # until the hoarder holds what it is granted
+    evil = Hoarder(ep, "evil", n_samples=N, seed=12, sec=Security(True, keys, "evil"))
+
+    async def attack():
+        await evil.start()
+        await until_alive(svc, {"a0", "evil"})
+        while not evil.granted:
+            await asyncio.sleep(0.01)
+        a0.may_work.set()
+        await asyncio.Event().wait()
+
+    try:
+        await run(cfg, svc, [a0], attack, timeout_s=60)
+    finally:
+        await evil.kill()
+    rows = ledger(tmp_path)
+    nacked = evil.granted[0]
+    returns = [(r["reason"], r["actor"]) for r in rows if nacked in r.get("returned", [])]
+    assert returns[0] == ("invalid", "evil"), returns  # the NACK returned it at once
+    at = rows.index({"returned": [nacked], "actor": "evil", "reason": "invalid"})
+    assert [r for r in rows[at:] if nacked in r.get("granted", [])]  # and it was granted again
+    expired = [r for r in rows if r.get("reason") == "expired"]
+    assert expired and {r["actor"] for r in expired} == {"evil"}  # what it held expired,
+    assert not [r for r in rows if r.get("reason") == "evicted"]  # without an eviction
+    to_a0 = {p for r in rows[rows.index(expired[0]):] if r.get("actor") == "a0" and "granted" in r for p in r["granted"]}
+    trained = {p for r in rows if "trained" in r for p in r["trained"]}
+    assert {p for r in expired for p in r["returned"]} & to_a0 & trained  # went to the honest actor, which trained on it
+
+
+class Hoarder(FakeActor):
+    """A member (joins the weights, heartbeats) that asks for 1000 prompts at its true version every 0.3 s
+    and answers none, but for its first prompt: a group whose prompt id is a string ("71"), NACKed."""
+
+    granted: list[int] = []
+
+    async def _work(self) -> None:
+        self.granted = []
+        while True:
+            if self.version >= 0:
+                await self.sockets.work.send(wire.WorkRequest(self.actor_id, 1000, self.version, []))
+                assign = await self._assign.get()
+                if assign.items and not self.granted:
+                    g = self._group_for(assign.items[0])
+                    bad = wire.RolloutGroup(**{**g.__dict__, "prompt_id": str(g.prompt_id)})
+                    await self.sockets.rollouts.sock.send_multipart(wire.encode(bad), copy=False)
+                self.granted += [i.prompt_id for i in assign.items]
+            await asyncio.sleep(0.3)
 
 
 SUBSCRIBER = """

@@ -38,8 +38,9 @@ def test_grants_stop_where_pending_prompts_could_not_be_trained_in_time():
     # prompts whose groups dynamic sampling dropped will never be trained: they free their places, or a
     # K = 0 learner would wait forever for its B kept groups (a deadlock the staleness sweep hit)
     d4 = _dispatcher(B=4, K=0)
-    d4.grant("a", 100, 100, step=0, actor_version=0)
+    dropped = [i.prompt_id for i in d4.grant("a", 100, 100, step=0, actor_version=0)][:3]
     assert d4.grant("a", 100, 100, step=0, actor_version=0) == []
+    assert all(d4.claim(pid, "a") for pid in dropped)  # their groups came (and were dropped)
     assert len(d4.grant("a", 100, 100, step=0, actor_version=0, settled=3)) == 3
     # credits and the batcher's room still bound a grant
     assert len(_dispatcher(4, 2).grant("a", 3, 100, step=0, actor_version=0)) == 3

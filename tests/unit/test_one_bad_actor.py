@@ -1,0 +1,136 @@
+"""One actor key in hostile hands stays harmless, at the level of the learner's own logic (issue 52, item 3):
+a member left out of a weight group cannot bring itself back by saying hello, a holder that does not
+deliver loses its leases to the others, and every NACK (or duplicate) returns the sender's lease. The same
+attacks against a live learner with CURVE: tests/integration/test_hostile_actors.py."""
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import zmq
+import zmq.asyncio
+
+from config.loader import load_config
+from learner.batching import Dispatcher
+from learner.intake import Intake
+from learner.membership import Membership
+from tests.support.transport_helpers import make_group
+from transport import wire
+from transport.zmq_transport import Endpoints, Limits, RolloutReceiver, Security
+
+
+class _Tasks:
+    def __getitem__(self, i):
+        from verifiers.base import Task
+
+        return Task(task_id=str(i), prompt=f"{i}+1=", reference=str(i + 1), verifier="synthetic"), []
+
+
+def _dispatcher(lease_timeout_s: float = 0.0, B: int = 4, K: int = 1) -> Dispatcher:
+    lease = {"learner.lease_timeout_s": lease_timeout_s} if lease_timeout_s else {}
+    cfg = load_config("tiny-cpu", {"job.prompts_per_step": B, "job.max_staleness": K, **lease})
+    return Dispatcher(cfg, tasks=_Tasks())
+
+
+def _ids(items) -> list[int]:
+    return [i.prompt_id for i in items]
+
+
+def test_a_member_left_out_of_a_weight_group_is_not_brought_back_by_saying_hello():
+    """A zombie (heartbeats, never joins) used to say hello again after each failed rendezvous: the hello
+    cleared its left-out state and every regroup named it again, so no weight group ever formed."""
+    m = Membership(timeout_s=5)
+    m.backoff_s = 10
+    m.hello("z", "inc-1")
+    m.seen("z")
+    assert m.shun_absent(["z"], "g1", since=time.monotonic() - 1) == ["z"]
+    assert "z" not in m.alive()
+    m.hello("z", "inc-1")  # the same process says hello again: still out, for its back-off
+    m.seen("z")
+    assert "z" not in m.alive() and m.shunned["z"] - time.monotonic() > 9
+    m.hello("z", "inc-2")  # a new incarnation neither: the back-off is the key's
+    assert "z" not in m.alive()
+    m.shunned["z"] = time.monotonic() - 0.1  # its back-off is over: it said hello, so it may try again
+    assert "z" in m.alive()
+    assert m.shun_absent(["z"], "g2", since=time.monotonic() - 1) == ["z"]  # and failed again
+    assert 19 < m.shunned["z"] - time.monotonic() <= 20  # the back-off doubled
+    m.shunned["z"] = time.monotonic() - 0.1
+    assert "z" not in m.alive()  # over, but it said no hello since it failed: it stays out
+    m._heard["z"] = time.monotonic() - 60
+    m.prune()  # forgotten as silent: its strikes are not
+    assert m.strikes == {"z": 2} and "z" in m.shunned
+    m.joined(["z"])  # it joined a group that formed: forgiven
+    assert m.strikes == {} and m.shunned == {} and not m.left_out("z")
+
+
+def test_a_holder_that_does_not_deliver_loses_its_leases_to_the_others():
+    """A member asking for 1000 prompts at its true version and answering none used to hold the whole
+    freshness bound for good: the honest actor got nothing (2 steps in 20 s, not 45)."""
+    d = _dispatcher(lease_timeout_s=2.0)  # B = 4, K = 1: a bound of 8 prompts, shared by 2 live actors
+    hoard = _ids(d.grant("evil", 1000, 100, step=0, actor_version=0, actors=2))
+    assert len(hoard) == 4  # its share, not the bound
+    honest = _ids(d.grant("a0", 1000, 100, step=0, actor_version=0, actors=2))
+    assert len(honest) == 4 and d.grant("a0", 1000, 100, step=0, actor_version=0, actors=2) == []
+    assert all(d.claim(pid, "a0") for pid in honest)
+    assert d.expire() == {}  # within the deadline
+    assert d.expire(now=time.monotonic() + 2.5) == {"evil": hoard}  # past it, without an eviction
+    assert _ids(d.grant("evil", 1000, 100, step=0, actor_version=0, actors=2)) == hoard[:1]  # one, until it delivers
+    assert _ids(d.grant("a0", 1000, 100, step=0, actor_version=0, actors=2)) == hoard[1:]  # the rest to the others
+    assert d.claim(hoard[0], "evil") and "evil" not in d.lapsed  # it delivered: its share again
+
+
+def test_the_automatic_lease_deadline_follows_observed_group_times():
+    d = _dispatcher()
+    assert d.lease_deadline() is None  # nothing answered yet: no deadline to guess
+    first = _ids(d.grant("a0", 2, 100, step=0, actor_version=0))
+    assert d.expire(now=time.monotonic() + 3600) == {}
+    assert d.claim(first[0], "a0") and d.lease_deadline() == 30.0  # answered at once: the floor
+    d.leased_at[first[1]] -= 40  # a slow actor at large N: 40 s from grant to group
+    assert d.claim(first[1], "a0") and 119 < d.lease_deadline() < 121  # 3 × the longest answered lately
+
+
+async def test_every_nack_and_duplicate_returns_the_senders_lease():
+    """A group whose prompt id was the string "71" was NACKed ("field 'prompt_id' must be int, got str")
+    but its prompt stayed leased until the sender was evicted; a duplicate of an answered group for
+    another prompt (acked, dropped) kept that prompt leased the same way."""
+    d = _dispatcher()
+    granted = _ids(d.grant("a", 4, 100, step=0, actor_version=0))
+    m = Membership()
+    m.hello("a", "inc", "127.0.0.1")
+    rows: list[dict] = []
+    ctx = zmq.asyncio.Context()
+    rx = RolloutReceiver(ctx, Endpoints("127.0.0.1", 0, 0, 0), Security(), Limits(10))
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://127.0.0.1:{rx.port}")
+    sent: list = []
+
+    async def send_to(actor, msg):
+        sent.append((actor, msg))
+    desk = SimpleNamespace(cfg=load_config("tiny-cpu"), members=m, dispatcher=d, _record=rows.append,
+                           validator=SimpleNamespace(count=lambda *a: None), sockets=SimpleNamespace(rollouts=rx),
+                           send_to=send_to)  # what the intake's NACK paths use of the learner
+    desk.take_back = lambda pids, actor, reason, holder=True: Intake.take_back(desk, pids, actor, reason, holder)
+
+    def group(gid: str, pid) -> wire.RolloutGroup:
+        return wire.RolloutGroup(**{**make_group(gid).__dict__, "actor_id": "a", "prompt_id": pid})
+
+    try:
+        for g in (group("a:inc:0", str(granted[0])),  # NACKed: a prompt id that is a string
+                  group("a:inc:1", granted[1]),  # answered
+                  group("a:inc:1", granted[2]),  # a duplicate of it, for another prompt it holds
+                  group("a:inc:2", granted[3])):
+            await push.send_multipart(wire.encode(g), copy=False)
+        assert (await asyncio.wait_for(rx.recv(), 10)).group_id == "a:inc:1"
+        assert d.claim(granted[1], "a")
+        assert (await asyncio.wait_for(rx.recv(), 10)).group_id == "a:inc:2"
+        await Intake.send_nacks(desk)
+        await Intake.ack_duplicates(desk)
+    finally:
+        push.close(linger=0)
+        rx.sock.close(linger=0)
+        ctx.term()
+    assert [(a, m.group_ids, list(m.rejected)) for a, m in sent] == [("a", [], ["a:inc:0"]), ("a", ["a:inc:1"], [])]
+    assert "must be int" in sent[0][1].rejected["a:inc:0"]
+    assert list(d.requeue) == [granted[0], granted[2]]  # both granted again first
+    assert [(r["returned"], r["reason"]) for r in rows] == [([granted[0]], "invalid"), ([granted[2]], "duplicate")]
