@@ -1,11 +1,16 @@
 """Math answers, checked with `math-verify`: the final answer is extracted (the last \\boxed{...}, else
 the last LaTeX or plain expression) and compared with the reference symbolically — fractions,
 decimals, radicals, LaTeX, intervals, unordered sets. Parsing and comparison each have a time limit
-(math-verify's own, signal-based: scoring runs in a worker's main thread). A completion that boxes several
-different answers is hedging and scores wrong (`verifiers.answers.hedged`), whichever box is right.
+(math-verify's own, signal-based: it works on a process's main thread only, where every brorl scoring path
+runs it, in worker processes). On any other thread the limit is off rather than failing (math-verify's
+signal call would raise there and the answer would read wrong); the caller must bound the time. A
+completion that boxes several different answers is hedging and scores wrong (`verifiers.answers.hedged`),
+whichever box is right.
 """
 
 from __future__ import annotations
+
+import threading
 
 from verifiers.answers import hedged
 from verifiers.base import VerifierResult
@@ -26,15 +31,16 @@ SELF_TEST = [
 def score(completion: str, reference: str) -> VerifierResult:
     from math_verify import parse, verify
 
-    gold = parse(_dollars(reference), parsing_timeout=TIME_LIMIT_S)
+    limit = TIME_LIMIT_S if threading.current_thread() is threading.main_thread() else None
+    gold = parse(_dollars(reference), parsing_timeout=limit)
     if not gold:
         raise ValueError(f"reference {reference!r} does not parse as a math answer")
     if hedged(completion):
         return VerifierResult(0.0, False, "several different boxed answers")
-    pred = parse(completion, parsing_timeout=TIME_LIMIT_S)
+    pred = parse(completion, parsing_timeout=limit)
     if not pred:
         return VerifierResult(0.0, False, "no answer")
-    ok = bool(verify(gold, pred, timeout_seconds=TIME_LIMIT_S))
+    ok = bool(verify(gold, pred, timeout_seconds=limit))
     return VerifierResult(1.0 if ok else 0.0, ok, "match" if ok else "mismatch")
 
 
