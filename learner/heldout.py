@@ -36,7 +36,7 @@ class HeldoutEstimate:
         """Estimate at `version`; returns the metrics for the step's report."""
         import torch
 
-        from evaluation import heldout_tasks, settings
+        from evaluation import EvaluationError, heldout_tasks, settings
         from evaluation.hf import evaluate
 
         if self.tasks is None:
@@ -48,7 +48,11 @@ class HeldoutEstimate:
                 return evaluate(model, tokenizer, self.tasks, settings(self.cfg), self.renderer)
 
         t0 = time.monotonic()
-        res = await asyncio.to_thread(run)
+        try:
+            res = await asyncio.to_thread(run)
+        except EvaluationError as e:  # a verifier that cannot score: no estimate is better than a false one
+            log.error("held-out estimate at step %d cannot be made: %s", version, e)
+            raise
         p, wall = res["pass_at_1"], 0.0 if self.t_first is None else t0 - self.t_first - self.eval_s
         k = res["k"]
         row = {"step": version, "version": version, "generated": generated, "wall_s": wall,
