@@ -82,3 +82,24 @@ def test_math_scores_off_the_main_thread_and_a_verifier_error_is_never_a_wrong_a
     task = Task("What is 1/2?", "", "math", "bad")  # a reference math-verify cannot parse: the verifier raises
     with pytest.raises(EvaluationError, match="could not score 2 of the completions of task bad: error: ValueError"):
         results([task], [["\\boxed{1}", "\\boxed{2}"]], EvalSettings(k=2, verifier_workers=0))
+
+
+def test_brorl_eval_of_a_run_takes_its_config_and_refuses_unusable_prompts_in_one_line(job, tmp_path, capsys):
+    import argparse
+    import shutil
+
+    from cli.evaluate import add_parser, main
+    from config.loader import to_toml
+
+    cfg, model = job
+    run = tmp_path / "runs" / "x"  # its own context is too small for every held-out prompt
+    shutil.copytree(model, run / "checkpoints" / "step-000001" / "model")
+    (run / "checkpoints" / "step-000001" / "model" / "config.json").write_text("{}")
+    (run / "config.toml").write_text(to_toml(cfg.model_copy(update={"actor": cfg.actor.model_copy(
+        update={"max_model_len": 12, "max_tokens": 4})})))
+    args = add_parser(argparse.ArgumentParser().add_subparsers()).parse_args(["--checkpoint", str(run)])
+    assert main(args, []) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == f"brorl eval: the run's own settings, {(run / 'config.toml').resolve()} (--config to use others)"
+    assert len(err) == 2 and err[1].startswith("brorl eval: all 3 held-out prompts are left out, e.g. task ")
+    assert "more than the 11 that actor.max_model_len leaves" in err[1]
