@@ -42,7 +42,8 @@ def is_error(r: VerifierResult) -> bool:
     return r.reason.startswith("error") or r.reason == "worker crashed"
 
 
-def score_all(jobs: list[tuple[str, list[str], str]], workers: int = 1, timeout_s: float = 5.0) -> list[list[VerifierResult]]:
+def score_all(jobs: list[tuple[str, list[str], str]], workers: int = 1,
+              timeout_s: float = 5.0) -> list[list[VerifierResult]]:
     """Score every job — (verifier path, completions, reference) — in `workers` spawned processes; one list
     of results per job, in order. The budget is `timeout_s` per completion per worker, plus start-up.
     `workers` = 0 scores in this thread instead (no time limit: for verifiers known to be quick)."""

@@ -58,7 +58,8 @@ def test_left_out_prompts_are_counted_and_reported_not_a_traceback():
     tasks = [Task("1+1", "2", "synthetic", "a", "s1"), Task("10+10", "20", "synthetic", "b", "s2")]
     p = render(Renderer(), tasks)
     assert [t.task_id for t in p.tasks] == ["a"] and p.ids == [[1, 2]]
-    assert p.left_out == [{"task_id": "b", "source": "s2", "reason": "task b: the prompt has 9 tokens, more than the 3 ..."}]
+    assert p.left_out == [{"task_id": "b", "source": "s2",
+                           "reason": "task b: the prompt has 9 tokens, more than the 3 ..."}]
     with pytest.raises(EvaluationError, match="all 1 held-out prompts are left out, e.g. task b"):
         render(Renderer(), tasks[1:])
     res = {"model": "m", "k": 2, "prompts": 1, "pass_at_1": 0.5, "pass_at_2": 1.0, "by_source": {},
