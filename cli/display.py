@@ -9,7 +9,7 @@ from typing import TextIO
 
 def step_line(r: dict, steps: int) -> str:
     """One completed step, as a log line."""
-    return (f"[brorl run] step {r['step']:>4}/{steps}  reward {r.get('rollout_reward', 0):.3f}  pass-rate "
+    return (f"[brorl run] step {r['step']:>4}/{steps}  reward {r.get('rollout_reward', 0):.3f}  kept "
             f"{r.get('pass_rate', 0):.2f}  loss {r.get('loss', 0):+.4f}  stale {r.get('staleness_mean', 0):.2f}  "
             f"{r.get('samples_per_s', 0):.0f} samples/s")
 
@@ -26,13 +26,17 @@ def status_lines(rows: list[dict], steps: int, restarts: int, heldout: list[dict
     busy = avg("wait_s") + avg("train_s") + avg("broadcast_s") or 1.0
     eta = (steps - r["step"]) * busy
     held = " ".join(f"{h['step']}:{100 * h['pass_at_1']:.0f}%" for h in heldout[-6:]) or "off (run.eval_interval)"
+    if heldout and len(heldout[-1].get("by_source") or {}) > 1:
+        held += "  (" + ", ".join(f"{s} {100 * p:.0f}%" for s, p in heldout[-1]["by_source"].items()) + ")"
+    if heldout and heldout[-1].get("left_out"):
+        held += f"  {heldout[-1]['left_out']} prompts left out (too long)"
     hist = " ".join(f"{k.split('_')[1]}:{int(v)}" for k, v in r.items()
                     if k.startswith("staleness_") and k.split("_")[1].isdigit())
     return [
         step_line(r, steps),
         f"  progress   {100 * done:5.1f}%  ~{eta:.0f} s left",
-        f"  rollouts   reward {avg('rollout_reward'):.3f}  accuracy {avg('rollout_accuracy'):.3f}  dynamic-sampling pass "
-        f"rate {avg('pass_rate'):.2f}  (last 10 steps)",
+        f"  rollouts   reward {avg('rollout_reward'):.3f}  accuracy {avg('rollout_accuracy'):.3f}  kept by dynamic "
+        f"sampling {avg('pass_rate'):.2f}  (last 10 steps)",
         f"  held-out   pass@1 by step: {held}",
         f"  update     TIS mean {r.get('tis_mean', 0):.3f}  clip {r.get('tis_clip_frac', 0):.3f}  mismatch KL "
         f"{r.get('mismatch_kl', 0):.2e}  grad-norm {r.get('grad_norm', 0):.3f}  lr {r.get('lr', 0):.2e}",
@@ -42,7 +46,25 @@ def status_lines(rows: list[dict], steps: int, restarts: int, heldout: list[dict
         f"  actors     version {r.get('version', 0)}  staleness {hist or '-'}  idle for weights "
         f"{r.get('actor_idle_s', 0):.0f} s  engine restarts {int(r.get('actor_engine_restarts', 0))}  "
         f"process restarts {restarts}",
+        *source_lines(r),
     ]
+
+
+def source_lines(r: dict) -> list[str]:
+    """The step's rollouts per data source (the `<metric>/<source>` columns), when there are several or code."""
+    names = sorted(k.split("/", 1)[1] for k in r if k.startswith("rollout_reward/"))
+    if len(names) < 2 and not any(k.startswith("programs_run/") for k in r):
+        return []
+    out = []
+    for n in names:
+        line = (f"  {n[:24]:<24} reward {r.get(f'rollout_reward/{n}', 0):.3f}  accuracy "
+                f"{r.get(f'rollout_accuracy/{n}', 0):.3f}  kept {r.get(f'kept/{n}', 0):.2f}  truncated "
+                f"{r.get(f'truncated/{n}', 0):.2f}")
+        if f"programs_run/{n}" in r:
+            line += (f"  programs run {r[f'programs_run/{n}']:.0f} passed {r.get(f'programs_passed/{n}', 0):.0f} "
+                     f"timed out {r.get(f'programs_timed_out/{n}', 0):.0f}")
+        out.append(line)
+    return out
 
 
 class Display:

@@ -2,8 +2,11 @@
 vLLM engine configured as an actor's (the arithmetic, tasks and sampling settings are `evaluation`'s).
 
 `--checkpoint` takes a model folder, a run's checkpoint folder (`runs/x/checkpoints/step-000080`: its
-`model/`) or a run folder (its newest checkpoint); `--data FILE ...` evaluates on those files (as
-`data.eval`)."""
+`model/`) or a run folder (its newest checkpoint); a run's checkpoint is evaluated with the run's own
+settings (its `config.toml`: context length, sampling length, prompt rendering) unless `--config` is given.
+`--data FILE ...` evaluates on those files (as `data.eval`). A prompt that cannot be rendered for the model
+(too long for `actor.max_model_len`, ...) is left out, counted and listed; a verifier that cannot score, or
+data that cannot be used, is a one-line refusal (exit status 2)."""
 
 from __future__ import annotations
 
@@ -46,20 +49,37 @@ def model_folder(path: str | Path) -> Path:
                           f"(model/config.json) nor a run folder with checkpoints")
 
 
-def evaluate_checkpoint(cfg, model_path: str, k: int | None = None) -> dict:
-    from actors.engine import engine_kwargs, offline_env
-    from evaluation import heldout_tasks, settings
-    from evaluation.vllm import evaluate
+def run_config(path: str | Path) -> Path | None:
+    """The `config.toml` of the run that `path` (a run folder, one of its checkpoint folders or their model
+    folder) belongs to, if there is one."""
+    p = Path(path).resolve()
+    for run in (p, p.parent.parent, p.parent.parent.parent):
+        if (run / "config.toml").is_file() and (run / "checkpoints").is_dir():
+            return run / "config.toml"
+    return None
+
+
+def renderer_for(cfg, tokenizer_dir: str | Path):
+    """Prompts rendered as the actors' are, with the room `actor.max_model_len` leaves for a prompt."""
     from taskdata import PromptRenderer
 
-    offline_env()
-    from vllm import LLM
+    return PromptRenderer.for_model(str(tokenizer_dir), cfg.data, max_prompt_tokens=cfg.actor.max_model_len - 1)
+
+
+def evaluate_checkpoint(cfg, model_path: str, k: int | None = None) -> dict:
+    from actors.engine import engine_kwargs, offline_env
+    from evaluation import heldout_tasks, render, settings
+    from evaluation.vllm import evaluate
 
     folder = model_folder(model_path)
     tokenizer_dir = folder if (folder / "tokenizer_config.json").exists() else cfg.model.path
     model = cfg.model.model_copy(update={"path": str(folder)})
-    renderer = PromptRenderer.for_model(str(tokenizer_dir), cfg.data)
+    renderer = renderer_for(cfg, tokenizer_dir)
     tasks = heldout_tasks(cfg)
+    render(renderer, tasks)  # every prompt left out: refused before an engine starts
+    offline_env()
+    from vllm import LLM
+
     llm = LLM(**{**engine_kwargs(model, cfg.actor, seed=cfg.run.seed), "tokenizer": str(tokenizer_dir)})
     try:
         return {"model": str(folder), **evaluate(llm, tasks, settings(cfg, k), renderer)}
@@ -73,18 +93,29 @@ def table(res: dict) -> str:
     out = [f"| model | data source | prompts | k | pass@1 | pass@{kk} |", "|---|---|---|---|---|---|"]
     out += [f"| {res['model']} | {name} | {r['prompts']} | {kk} | {100 * r['pass_at_1']:.1f}% | "
             f"{100 * r[f'pass_at_{kk}']:.1f}% |" for name, r in rows]
+    left = res.get("left_out_prompts") or []
+    if left:
+        out.append(f"\nleft out: {len(left)} prompts that cannot be rendered for this model, e.g. {left[0]['reason']}")
+    if res.get("timeouts"):
+        out.append(f"\n{res['timeouts']} completions scored wrong: their verifier timed out (verifiers.timeout_s)")
     return "\n".join(out)
 
 
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
     import sys
 
+    from evaluation import EvaluationError
+    from taskdata import DataError
+
     if args.data:
         overrides = [*overrides, "--data.eval", json.dumps(args.data)]
+    if args.config is None and args.checkpoint and (own := run_config(args.checkpoint)) is not None:
+        args.config = str(own)
+        print(f"brorl eval: the run's own settings, {own} (--config to use others)", file=sys.stderr)
     cfg = load(args, overrides)
     try:
         res = evaluate_checkpoint(cfg, args.checkpoint or cfg.model.path, args.k)
-    except CheckpointError as e:
+    except (CheckpointError, EvaluationError, DataError) as e:
         print(f"brorl eval: {e}", file=sys.stderr)
         return 2
     print(table(res))

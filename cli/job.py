@@ -107,7 +107,7 @@ def _summary_text(s: dict, run_dir: Path) -> str:
             + "".join(f"  {src}: {pct(b)} -> {pct(a)}\n" for src, (b, a) in s["pass_at_1_by_source"].items()
                       if len(s["pass_at_1_by_source"]) > 1) +
             f"throughput: {s['samples']:.0f} samples, {s['samples_per_s']:.1f} samples/s; "
-            f"dynamic-sampling pass rate {s['mean_pass_rate']:.2f}\n"
+            f"kept by dynamic sampling {s['mean_pass_rate']:.2f} of the samples\n"
             f"learner time: waiting for data {100 * s['time_wait_s'] / busy:.0f}%, training "
             f"{100 * s['time_train_s'] / busy:.0f}%, broadcasting {100 * s['time_broadcast_s'] / busy:.0f}%\n"
             f"plots: {run_dir / 'plots.png'}   metrics: {run_dir / 'metrics.jsonl'}\n")

@@ -293,7 +293,7 @@ class VerifierConfig(Section):
     """Wall-clock limit for scoring one completion, seconds."""
 
     workers: int = Field(1, ge=1)
-    """Verifier worker processes per actor."""
+    """Verifier worker processes per actor, and for a held-out evaluation (the learner's, `brorl eval`)."""
 
     on_error: Literal["zero", "drop"] = "zero"
     """A verifier that raises, hangs or crashes: reward 0 with a reason, or drop the group."""

@@ -30,4 +30,5 @@ def sample(model, tokenizer, prompts: list[list[int]], s: EvalSettings) -> list[
 
 
 def evaluate(model, tokenizer, tasks: list[Task], s: EvalSettings, renderer) -> dict:
-    return summarize(tasks, sample(model, tokenizer, render(renderer, tasks), s), s)
+    p = render(renderer, tasks)
+    return summarize(p.tasks, sample(model, tokenizer, p.ids, s), s, p.left_out)

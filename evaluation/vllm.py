@@ -18,4 +18,5 @@ def sample(llm, prompts: list[list[int]], s: EvalSettings) -> list[list[str]]:
 
 
 def evaluate(llm, tasks: list[Task], s: EvalSettings, renderer) -> dict:
-    return summarize(tasks, sample(llm, render(renderer, tasks), s), s)
+    p = render(renderer, tasks)
+    return summarize(p.tasks, sample(llm, p.ids, s), s, p.left_out)

@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from learner.dispatch import Dispatcher, TaskStream
+from learner.sources import SourceStats
 from transport import wire
 from transport.staleness import fresh, staleness
 
@@ -96,8 +97,9 @@ class Batch:
 class Batcher:
     def __init__(self, groups_per_step: int, dynamic_sampling: bool = True, admission: Admission | None = None,
                  give_back: Callable[[list[int]], None] = lambda pids: None,
-                 wave_done: Callable[[], bool] | None = None):
+                 wave_done: Callable[[], bool] | None = None, source_of: Callable[[int], str] | None = None):
         self.B = groups_per_step
+        self.source_of = source_of  # prompt id -> its data source (the per-source metrics); None: the verifier
         self.wave_done = wave_done  # `run.reproducible`: a batch forms only when the dispatcher's wave is answered
         self.dynamic_sampling = dynamic_sampling
         self.admission = admission or Admission(max_staleness=1 << 30)
@@ -156,6 +158,7 @@ class Batcher:
         self.stats = {"generated": 0, "kept_samples": 0, "kept_groups": 0, "received_samples": 0, "tokens": 0,
                       "reward_sum": 0.0, "correct_sum": 0.0,
                       "drop_all_correct": 0, "drop_all_wrong": 0, "drop_unleased": 0, "groups_received": 0}
+        self.sources = SourceStats()
         self.consumed_ids: list[int] = []
 
     def room(self) -> int:
@@ -181,6 +184,8 @@ class Batcher:
         s["reward_sum"] += float(g.rewards.sum())
         s["correct_sum"] += float(g.correct.sum())
         n_correct = int(g.correct.sum())
+        kept = not self.dynamic_sampling or 0 < n_correct < g.n
+        self.sources.add(g, self.source_of(g.prompt_id) if self.source_of else "", kept)
         if self.dynamic_sampling and n_correct == g.n:
             s["drop_all_correct"] += 1
             self.consumed_ids.append(g.prompt_id)
@@ -214,6 +219,7 @@ class Batcher:
             "samples_per_group": s["received_samples"] / max(s["groups_received"], 1),
             "samples_per_kept_group": s["generated"] / max(s["kept_groups"], 1),
             "consumed_ids": list(self.consumed_ids),
+            **self.sources.take(),  # per data source (`learner.sources`)
         }
         self._reset()
         return out

@@ -1,8 +1,11 @@
 """The learner's own held-out estimate (`run.eval_interval`): pass@1 of the current policy with
 transformers (`evaluation.hf`), before the first step, every that many steps and at the last, into
 `heldout.jsonl` and the step's metrics (`heldout_pass_at_1`, `heldout_pass_at_<k>` with k = `run.eval_samples`,
-and `heldout_pass_at_1/<source>` per data source). Prompts are rendered as the actors' are. `wall_s` counts training time only: from the first
-group's arrival, less the time spent here."""
+and `heldout_pass_at_1/<source>` per data source). Prompts are rendered as the actors' are (one too long for
+`actor.max_model_len` is left out: `heldout_left_out`); completions are scored as `brorl eval` scores them, in
+verifier worker processes (`evaluation`), and a verifier that cannot score stops the run with the reason
+rather than reading as wrong answers. `wall_s` counts training time only: from the first group's arrival,
+less the time spent here."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ class HeldoutEstimate:
         """Estimate at `version`; returns the metrics for the step's report."""
         import torch
 
-        from evaluation import heldout_tasks, settings
+        from evaluation import EvaluationError, heldout_tasks, settings
         from evaluation.hf import evaluate
 
         if self.tasks is None:
@@ -45,18 +48,24 @@ class HeldoutEstimate:
                 return evaluate(model, tokenizer, self.tasks, settings(self.cfg), self.renderer)
 
         t0 = time.monotonic()
-        res = await asyncio.to_thread(run)
+        try:
+            res = await asyncio.to_thread(run)
+        except EvaluationError as e:  # a verifier that cannot score: no estimate is better than a false one
+            log.error("held-out estimate at step %d cannot be made: %s", version, e)
+            raise
         p, wall = res["pass_at_1"], 0.0 if self.t_first is None else t0 - self.t_first - self.eval_s
         k = res["k"]
         row = {"step": version, "version": version, "generated": generated, "wall_s": wall,
                "eval_s": time.monotonic() - t0, "pass_at_1": p, "k": k, "pass_at_k": res[f"pass_at_{k}"],
                "correct": [q["correct"] for q in res["per_prompt"]],
-               "by_source": {s: r["pass_at_1"] for s, r in res["by_source"].items()}}
+               "by_source": {s: r["pass_at_1"] for s, r in res["by_source"].items()},
+               "left_out": res["left_out"], "verifier_timeouts": res["timeouts"]}
         if self.t_first is not None:
             self.eval_s += row["eval_s"]
         with open_append(Path(self.cfg.run.run_dir) / "heldout.jsonl") as f:
             f.write(json.dumps(row) + "\n")
         log.info("held-out pass@1 at step %d: %.3f", version, p)
         per_source = row["by_source"] if len(row["by_source"]) > 1 else {}
-        return {"heldout_pass_at_1": p, f"heldout_pass_at_{k}": row["pass_at_k"],
+        return {"heldout_pass_at_1": p, f"heldout_pass_at_{k}": row["pass_at_k"], "heldout_left_out": res["left_out"],
+                "heldout_verifier_timeouts": res["timeouts"],
                 **{f"heldout_pass_at_1/{s}": v for s, v in per_source.items()}}

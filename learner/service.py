@@ -81,7 +81,7 @@ class LearnerService(Intake):
         self.admission = Admission(cfg.job.max_staleness)
         self.batcher = Batcher(cfg.job.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                lambda pids: self.take_back(pids, None, "stale", holder=False),
-                               self.dispatcher.wave_done if cfg.run.reproducible else None)
+                               self.dispatcher.wave_done if cfg.run.reproducible else None, self.source_of)
         t = cfg.transport
         self.members = Membership(t.heartbeat_timeout_s, t.max_actors, backoff_s=t.weight_timeout_s)
         self.validator = GroupValidator(cfg, model.get_input_embeddings().num_embeddings)
@@ -109,6 +109,14 @@ class LearnerService(Intake):
         self.generated_total = 0  # samples generated since this process started (resume: counts afresh)
         self._bad_steps = 0  # consecutive steps skipped for non-finite values
         self._no_progress = 0  # "no step for a while" warnings since the last step
+
+    def source_of(self, pid: int) -> str:
+        """The data source of a prompt in play (the per-source metrics); "" if it is not known."""
+        try:
+            t = self.dispatcher.tasks[pid][0]
+        except (KeyError, IndexError):
+            return ""
+        return t.source or t.verifier
 
     @staticmethod
     def endpoints_of(cfg: BrorlConfig) -> Endpoints:

@@ -63,24 +63,31 @@ CHAT_SPECIAL = ["<|im_start|>", "<|im_end|>"]
 THINK = ["<think>", "</think>"]  # plain added tokens (not special): they survive decoding, as in Qwen's
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = TinyModelSpec(),
-                     chat: bool = False) -> Path:
-    """Write tokenizer + randomly initialised Qwen2 model to `out_dir`; returns the folder. `chat`: the
-    tokenizer also carries a Qwen2-style chat template with a reasoning block (`CHAT_TEMPLATE`), its turn
-    tokens and `<think>`/`</think>`, and `<|im_end|>` ends a completion (a user's reasoning model, in small)."""
-    import torch
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+def tiny_tokenizer(seed: int = 0, spec: TinyModelSpec = TinyModelSpec(), chat: bool = False):
+    """The tiny model's tokenizer (a transformers fast tokenizer); `chat`: as `build_tiny_model`'s."""
+    from transformers import PreTrainedTokenizerFast
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(seed, spec)
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(seed, spec), eos_token=EOS, pad_token=EOS)
     if chat:
         from tokenizers import AddedToken
 
         hf_tok.add_special_tokens({"additional_special_tokens": CHAT_SPECIAL, "eos_token": "<|im_end|>"})
         hf_tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK])
         hf_tok.chat_template = CHAT_TEMPLATE
+    return hf_tok
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec = TinyModelSpec(),
+                     chat: bool = False) -> Path:
+    """Write tokenizer + randomly initialised Qwen2 model to `out_dir`; returns the folder. `chat`: the
+    tokenizer also carries a Qwen2-style chat template with a reasoning block (`CHAT_TEMPLATE`), its turn
+    tokens and `<think>`/`</think>`, and `<|im_end|>` ends a completion (a user's reasoning model, in small)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok = tiny_tokenizer(seed, spec, chat)
     eos_id = hf_tok.convert_tokens_to_ids(hf_tok.eos_token)
     cfg = Qwen2Config(
         vocab_size=hf_tok.vocab_size if len(hf_tok) <= spec.vocab_size else len(hf_tok),

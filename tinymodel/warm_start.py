@@ -56,7 +56,8 @@ def _warm_start(cfg: BrorlConfig, model_dir: str | Path, out_dir: str | Path | N
     train = task_source(cfg.verifiers.task, seed + 1000, "train", cfg.verifiers.difficulty)
     eval_tasks = heldout_tasks(cfg, eval_prompts, seed=seed + 2000)
     renderer = PromptRenderer(tok, cfg.data)  # the tiny model has no chat template: plain text, as the actors see it
-    quick = EvalSettings(k=4, max_tokens=8)  # a quick estimate: 4 samples per prompt, the paper's T and top-p
+    # a quick estimate: 4 samples per prompt, the paper's T and top-p, scored in this thread (synthetic: quick)
+    quick = EvalSettings(k=4, max_tokens=8, verifier_workers=0)
     history: list[tuple[int, float]] = []
     p = 0.0
     for upd in range(1, max_updates + 1):

@@ -1,7 +1,9 @@
 """Math answers, checked with `math-verify`: the final answer is extracted (the last \\boxed{...}, else
 the last LaTeX or plain expression) and compared with the reference symbolically — fractions,
 decimals, radicals, LaTeX, intervals, unordered sets. Parsing and comparison each have a time limit
-(math-verify's own, signal-based: scoring runs in a worker's main thread).
+(math-verify's own, signal-based: it works on a process's main thread only, where every brorl scoring path
+runs it, in worker processes). On any other thread the limit is off rather than failing (math-verify's
+signal call would raise there and the answer would read wrong); the caller must bound the time.
 
 References: bare LaTeX or plain text (`\\frac{1}{2}`, `0.5`), read whole even across line breaks (a
 `pmatrix`, `x = 1,\\ny = 3`); or a JSON list of accepted answers (`["0.5", "1/2"]`): any match is correct.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 from verifiers.answers import boxed, normalize
 from verifiers.base import VerifierResult
@@ -65,23 +68,24 @@ def check_reference(reference: str) -> str:
 def score(completion: str, reference: str) -> VerifierResult:
     from math_verify import parse, verify
 
+    limit = TIME_LIMIT_S if threading.current_thread() is threading.main_thread() else None
     golds = []
     for ref in alternatives(reference):
-        gold = parse(_dollars(ref), parsing_timeout=TIME_LIMIT_S)
+        gold = parse(_dollars(ref), parsing_timeout=limit)
         if not gold:
             raise ValueError(f"reference {ref!r} does not parse as a math answer")
         golds.append(gold)
-    pred = parse(_bare_latex(completion), parsing_timeout=TIME_LIMIT_S)
+    pred = parse(_bare_latex(completion), parsing_timeout=limit)
     boxes = boxed(completion)
     if len(distinct := _distinct(boxes)) > 1 and (not pred or _from_boxes(pred[1], boxes, distinct)):
         several = [g for g in golds if _several_parts(g[0])]
         if not several:
             return VerifierResult(0.0, False, "several different boxed answers")
         golds = several
-        pred = parse("\\boxed{" + ", ".join(distinct) + "}", parsing_timeout=TIME_LIMIT_S)
+        pred = parse("\\boxed{" + ", ".join(distinct) + "}", parsing_timeout=limit)
     if not pred:
         return VerifierResult(0.0, False, "no answer")
-    ok = any(verify(gold, pred, timeout_seconds=TIME_LIMIT_S) for gold in golds)
+    ok = any(verify(gold, pred, timeout_seconds=limit) for gold in golds)
     return VerifierResult(1.0 if ok else 0.0, ok, "match" if ok else "mismatch")
 
 

@@ -5,8 +5,9 @@ A verifier module defines `NAME`, `VERSION`, `score(completion, reference) -> Ve
 accepted, and may declare `REWARD_RANGE` (lowest, highest reward it gives; default (0.0, 1.0): the learner
 rejects groups with rewards outside it) and `check_reference(reference) -> str` ("" or why a dataset's
 reference is unusable: the row is refused when the data is loaded, `taskdata.sources`) and
-`describe(reference) -> str` (what it reads from a reference, for `brorl data preview`). `module.path:attr` names a `Verifier` object instead. The same
-`Registry.score` path serves training (actors) and `brorl eval`.
+`describe(reference) -> str` (what it reads from a reference, for `brorl data preview`). `module.path:attr` names a
+`Verifier` object instead. Rollouts (`actors.scoring`) and evaluation (`verifiers.batch`) score with the
+verifier at a registered path, each in worker processes.
 
 Hot swap: `Registry.swap(name, path)` imports the new verifier, runs its self-test and only then
 replaces (or adds) `name`; any failure raises `VerifierLoadError` with the reason and leaves the
@@ -123,7 +124,7 @@ class Registry:
         return VerifierInfo(v.name, v.version, v.reward_range, self._paths.get(name, v.path))
 
     def get(self, name: str) -> Verifier:
-        """The verifier object, imported into this process (built-ins; `brorl eval`)."""
+        """The verifier object, imported into this process (built-ins)."""
         if name not in self._by_name:
             if name not in self._paths:
                 raise KeyError(f"no verifier named {name!r} (known: {', '.join(sorted(self.names()))})")
