@@ -4,7 +4,6 @@ from, and waiting for its ports to be free."""
 
 from __future__ import annotations
 
-import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -29,12 +28,7 @@ class Verdict:
 
 
 def how_it_ended(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"signal {-returncode} ({signal.Signals(-returncode).name})"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit status {returncode}"
+    return f"signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
 
 
 class RestartPolicy:

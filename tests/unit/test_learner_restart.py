@@ -20,9 +20,9 @@ def test_a_killed_learner_restarts_with_a_doubling_back_off_until_the_budget_is_
     assert [(v.restart, v.delay_s, v.n) for v in verdicts[:3]] == [(True, 1.0, 1), (True, 2.0, 2), (True, 4.0, 3)]
     assert not verdicts[3].restart and "run.max_learner_restarts = 3" in verdicts[3].reason
     assert p.total == 3
-    assert p.line(verdicts[0], 4) == ("learner died (signal 9 (SIGKILL)); restarting from checkpoint step 4 in 1 s "
+    assert p.line(verdicts[0], 4) == ("learner died (signal 9); restarting from checkpoint step 4 in 1 s "
                                       "(restart 1 of 3)")
-    assert p.line(verdicts[3], 4).startswith("learner died (signal 9 (SIGKILL)); not restarted: it was restarted 3")
+    assert p.line(verdicts[3], 4).startswith("learner died (signal 9); not restarted: it was restarted 3")
 
 
 def test_the_back_off_is_capped_and_a_long_life_starts_the_count_afresh():
@@ -127,7 +127,7 @@ def test_the_launcher_restarts_a_killed_learner_with_resume_and_keeps_its_actor(
         la.stop(timeouts=(5.0, 5.0))
     assert "--resume" not in (run / "learner-0").read_text() and "--resume" in (run / "learner-1").read_text()
     assert la.learner_restarts.total == 1 and la.restarts == 0
-    assert "learner died (signal 9 (SIGKILL)); restarting from the start (no checkpoint yet) (restart 1 of 3)" \
+    assert "learner died (signal 9); restarting from the start (no checkpoint yet) (restart 1 of 3)" \
         in capsys.readouterr().out
 
 
