@@ -199,8 +199,8 @@ class RayRole:
             st = ray.get(self.host.status.remote(), timeout=30)
         except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
             return None  # being restarted by Ray, or busy: alive as far as we know
-        except ray.exceptions.ActorDiedError:
-            self.returncode = 1  # dead for good (restarts used up, or killed)
+        except ray.exceptions.ActorDiedError:  # dead for good (restarts used up, or killed; a learner: restarted)
+            self.returncode = -signal.SIGKILL if self.name == "learner" else 1
             return self.returncode
         if self.host_pid is not None and st["host_pid"] != self.host_pid:
             self.restarts += 1
@@ -337,7 +337,9 @@ class RayLauncher(Launcher):
         return self.procs["learner"].served
 
     def _checkpoint_step(self) -> int | None:
-        return self.procs["learner"].checkpoint
+        """From the learner's node (its host's status); the driver's view of the run folder if that host is gone."""
+        step = self.procs["learner"].checkpoint
+        return step if step is not None else super()._checkpoint_step()
 
     def _wait_learner_ports(self) -> None:
         """The new learner's host waits on its own node (`RoleHost._wait_ports`)."""
