@@ -4,6 +4,7 @@ from, and waiting for its ports to be free."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from dataclasses import dataclass
@@ -72,20 +73,34 @@ class RestartPolicy:
 
 
 def ledger_size(run_dir: str | Path) -> int:
+    """Where the next learner's first ledger row will begin: past the last whole line (a learner opening the
+    ledger cuts off a torn last line, which a SIGKILL in the middle of a write leaves)."""
     try:
-        return (Path(run_dir) / "ledger.jsonl").stat().st_size
+        with open(Path(run_dir) / "ledger.jsonl", "rb") as f:
+            end = f.seek(0, 2)
+            pos = end
+            while pos > 0:
+                step = min(pos, 1 << 16)
+                f.seek(pos - step)
+                nl = f.read(step).rfind(b"\n")
+                if nl >= 0:
+                    return pos - step + nl + 1
+                pos -= step
+            return 0
     except OSError:
         return 0
 
 
 def served_since(run_dir: str | Path, offset: int) -> bool:
-    """Has a learner written its `start` row to the ledger past `offset` (it loaded and bound its sockets)?"""
+    """Has a learner written its `start` row (its first, once it has loaded and bound its sockets) to the
+    ledger at `offset`?"""
     try:
         with open(Path(run_dir) / "ledger.jsonl", "rb") as f:
             f.seek(offset)
-            return any(line.startswith(b'{"start"') for line in f)
-    except OSError:
+            row = json.loads(f.readline() or b"{}")
+    except (OSError, ValueError):
         return False
+    return isinstance(row, dict) and "start" in row
 
 
 def checkpoint_step(run_dir: str | Path) -> int | None:

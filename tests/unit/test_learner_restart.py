@@ -49,17 +49,22 @@ def test_which_exits_restart():
     assert not RestartPolicy(budget=0, backoff_s=1.0).decide(KILLED, True, 1.0).restart  # restarts off
 
 
-def test_served_is_a_start_row_past_the_mark_and_the_checkpoint_step_is_latest(tmp_path):
+def test_served_is_a_start_row_at_the_mark_and_the_checkpoint_step_is_latest(tmp_path):
     assert ledger_size(tmp_path) == 0 and not served_since(tmp_path, 0) and checkpoint_step(tmp_path) is None
     ledger = tmp_path / "ledger.jsonl"
-    ledger.write_text(json.dumps({"start": 0, "epoch": "a", "next_id": 0, "pending": []}) + "\n")
+    ledger.write_text(json.dumps({"start": 0, "epoch": "a", "next_id": 0, "pending": []}) + "\n"
+                      + json.dumps({"granted": [0, 1], "actor": "a0", "incarnation": "x"}) + "\n")
+    whole = ledger.stat().st_size
+    assert served_since(tmp_path, 0) and not served_since(tmp_path, 40)
+    assert ledger_size(tmp_path) == whole and not served_since(tmp_path, whole)  # a learner that wrote nothing
+    with open(ledger, "a") as f:
+        f.write('{"granted": [2, 3], "act')  # a learner killed in the middle of a write
     mark = ledger_size(tmp_path)
-    assert served_since(tmp_path, 0) and not served_since(tmp_path, mark)
-    with open(ledger, "a") as f:
-        f.write(json.dumps({"granted": [1], "actor": "a0", "starts": 1}) + "\n")
-    assert not served_since(tmp_path, mark)  # a row naming "start" elsewhere is not a learner's start
-    with open(ledger, "a") as f:
-        f.write(json.dumps({"start": 4, "epoch": "b", "next_id": 8, "pending": []}) + "\n")
+    assert mark == whole
+    with open(ledger, "r+") as f:  # the next learner cuts the torn line off and writes its start row there
+        f.truncate(mark)
+        f.seek(mark)
+        f.write(json.dumps({"start": 6, "epoch": "c", "next_id": 12, "pending": []}) + "\n")
     assert served_since(tmp_path, mark)
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "latest").write_text("step-12\n")
