@@ -55,9 +55,11 @@ class RestartPolicy:
                                               "same error)")
         if lived_s >= RESET_AFTER_S:
             self.used = 0
+        if self.budget == 0:
+            return Verdict(False, why, reason="run.max_learner_restarts = 0 (resume with --resume)")
         if self.used >= self.budget:
             return Verdict(False, why, reason=f"it was restarted {self.used} times in a row "
-                                              f"(run.max_learner_restarts = {self.budget})")
+                                              f"(run.max_learner_restarts = {self.budget}; resume with --resume)")
         delay = min(MAX_BACKOFF_S, self.backoff_s * 2.0 ** self.used)
         self.used += 1
         self.total += 1

@@ -46,7 +46,8 @@ def test_which_exits_restart():
     assert not restarts(2, served=False)       # a ConfigError
     assert not restarts(EXIT_REFUSED, served=True)  # it said restarting would not help
     assert not restarts(0, served=True)        # it finished
-    assert not RestartPolicy(budget=0, backoff_s=1.0).decide(KILLED, True, 1.0).restart  # restarts off
+    off = RestartPolicy(budget=0, backoff_s=1.0).decide(KILLED, True, 1.0)
+    assert not off.restart and off.reason == "run.max_learner_restarts = 0 (resume with --resume)"
 
 
 def test_served_is_a_start_row_at_the_mark_and_the_checkpoint_step_is_latest(tmp_path):
