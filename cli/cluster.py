@@ -13,7 +13,9 @@ gloo/NCCL for weights. Ray only places, restarts and carries logs:
   - an actor whose process dies (or whose host is killed) is restarted by Ray (`max_restarts` =
     `run.max_actor_restarts`): a new incarnation that rejoins and gets the current weights before it
     takes work. An actor that refuses to start (a verifier failed its self-test) is not restarted and
-    stops the job, as on one machine. The learner is not restarted by Ray (resume with `--resume`);
+    stops the job, as on one machine. A learner that dies is restarted by the driver, as on one machine
+    (`run.max_learner_restarts`): a new host with `--resume`, which waits on its node for the old learner's
+    ports to be free; whether the dead one had served and its checkpoint's step come from its host;
   - each role's output goes to `run_dir/logs/<role>.log` on its node and is streamed to the driver
     (`[actor-0] …` lines);
   - stopping is the single-machine order (SIGTERM the learner, which checkpoints and tells the actors
@@ -35,7 +37,8 @@ import time
 from pathlib import Path
 
 from actors.verifier_set import EXIT_REFUSED
-from cli.launcher import Launcher
+from cli.launcher import PORTS_FREE_S, Launcher
+from cli.learner_restart import checkpoint_step, ledger_size, served_since, wait_ports_free
 from cli.procs import die_with_parent, kill_group
 from config.schema import BrorlConfig
 
@@ -98,6 +101,9 @@ class RoleHost:
         env = {"VLLM_HOST_IP": self.node_ip, **env} if "VLLM_HOST_IP" not in os.environ else env
         if core_share and "VLLM_CPU_OMP_THREADS_BIND" not in {**os.environ, **env}:
             env = {**env, **self._bind_cores(name, core_share)}
+        self.run_dir, self.ledger_mark = run, ledger_size(run)
+        if name == "learner" and "--resume" in args:  # a restart: the dead learner's ranks may hold its ports
+            self._wait_ports(config_toml)
         self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                                      start_new_session=True, preexec_fn=_role_preexec)
@@ -107,6 +113,15 @@ class RoleHost:
         if nice > 0:
             print(f"[{name}] runs at nice {nice}, the priority Ray gives its workers (lowering it needs "
                   f"CAP_SYS_NICE): other work on this node comes first", flush=True)
+
+    def _wait_ports(self, config_toml: str) -> None:
+        import tomllib
+
+        t = tomllib.loads(config_toml).get("transport", {})
+        busy = wait_ports_free(t.get("host", "127.0.0.1"), tuple(t.get(k, 0) for k in
+                               ("work_port", "rollout_port", "control_port")), PORTS_FREE_S)
+        if busy:
+            print(f"[{self.name}] ports {busy} still in use after {PORTS_FREE_S:.0f} s; starting anyway", flush=True)
 
     def _bind_cores(self, name: str, share: dict) -> dict[str, str]:
         """A CPU actor on a node of a cluster: vLLM's automatic binding would put every engine on this node on
@@ -146,7 +161,11 @@ class RoleHost:
             os._exit(1)
 
     def status(self) -> dict:
-        return {"host_pid": os.getpid(), "pid": self.proc.pid, "rc": self.proc.poll(), "node_ip": self.node_ip}
+        rc = self.proc.poll()
+        st = {"host_pid": os.getpid(), "pid": self.proc.pid, "rc": rc, "node_ip": self.node_ip}
+        if rc is not None and self.name == "learner":  # what the driver's restart policy needs, from this node
+            st.update(served=served_since(self.run_dir, self.ledger_mark), checkpoint=checkpoint_step(self.run_dir))
+        return st
 
     def signal(self, signum: int) -> None:
         self.stopping = True
@@ -169,6 +188,7 @@ class RayRole:
         self.host_pid: int | None = None
         self.node_ip: str | None = None  # the node it runs on
         self.restarts = 0
+        self.served, self.checkpoint = False, None  # a learner's, once it has exited (`RoleHost.status`)
 
     def poll(self) -> int | None:
         import ray
@@ -179,12 +199,13 @@ class RayRole:
             st = ray.get(self.host.status.remote(), timeout=30)
         except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
             return None  # being restarted by Ray, or busy: alive as far as we know
-        except ray.exceptions.ActorDiedError:
-            self.returncode = 1  # dead for good (restarts used up, or killed)
+        except ray.exceptions.ActorDiedError:  # dead for good (restarts used up, or killed; a learner: restarted)
+            self.returncode = -signal.SIGKILL if self.name == "learner" else 1
             return self.returncode
         if self.host_pid is not None and st["host_pid"] != self.host_pid:
             self.restarts += 1
         self.host_pid, self.pid, self.returncode, self.node_ip = st["host_pid"], st["pid"], st["rc"], st["node_ip"]
+        self.served, self.checkpoint = st.get("served", False), st.get("checkpoint")
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -310,6 +331,17 @@ class RayLauncher(Launcher):
 
     def _reap(self, p) -> None:
         p.kill()
+
+    def _learner_served(self) -> bool:
+        return self.procs["learner"].served
+
+    def _checkpoint_step(self) -> int | None:
+        """From the learner's node (its host's status); the driver's view of the run folder if that host is gone."""
+        step = self.procs["learner"].checkpoint
+        return step if step is not None else super()._checkpoint_step()
+
+    def _wait_learner_ports(self) -> None:
+        """The new learner's host waits on its own node (`RoleHost._wait_ports`)."""
 
     def close(self) -> None:
         import ray

@@ -51,7 +51,8 @@ def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True, cluster: 
         la.stop()
         la.close()
     wall = time.monotonic() - t0
-    rows = metrics_mod.read(la.run_dir / "metrics.jsonl")
+    # a restarted learner trains again the steps after its checkpoint: the last row of each step stands
+    rows = list({r["step"]: r for r in metrics_mod.read(la.run_dir / "metrics.jsonl")}.values())
     if rows:
         plot_run(la.run_dir)
     if la.refused:
@@ -62,7 +63,7 @@ def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True, cluster: 
     after = None
     if evaluate and (ckpt / "latest").exists():
         after = _evaluate(cfg, str(ckpt / (ckpt / "latest").read_text().strip() / "model"), "after")
-    summary = _summary(cfg, rows, before, after, wall, la.restarts)
+    summary = _summary(cfg, rows, before, after, wall, la.restarts, la.learner_restarts.total)
     (la.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(_summary_text(summary, la.run_dir))
     return 0
@@ -82,12 +83,12 @@ def _evaluate(cfg: BrorlConfig, model_path: str, tag: str) -> dict | None:
     return json.loads(out.read_text())
 
 
-def _summary(cfg, rows, before, after, wall, restarts) -> dict:
+def _summary(cfg, rows, before, after, wall, restarts, learner_restarts=0) -> dict:
     def total(k):
         return sum(r.get(k) or 0 for r in rows)
 
     return {
-        "steps": len(rows), "wall_s": wall, "actor_restarts": restarts,
+        "steps": len(rows), "wall_s": wall, "actor_restarts": restarts, "learner_restarts": learner_restarts,
         "pass_at_1_before": before and before["pass_at_1"], "pass_at_1_after": after and after["pass_at_1"],
         "samples": total("generated"), "samples_per_s": total("generated") / wall if wall else 0,
         "time_wait_s": total("wait_s"), "time_train_s": total("train_s"), "time_broadcast_s": total("broadcast_s"),

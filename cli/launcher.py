@@ -4,6 +4,9 @@ Writes the resolved config to `run_dir/config.toml`, starts `brorl learner` and 
 × `brorl actor` from it, prints a live status from the metrics file, and:
   - restarts an actor that dies (a new incarnation: it rejoins and gets the current weights before taking
     work), after a back-off that doubles from 1 s to 60 s, at most `run.max_actor_restarts` times each;
+  - restarts a learner that dies (a signal, or a failure after it started serving) from its last checkpoint
+    (`--resume`) once its ports are free, after `run.learner_restart_backoff_s` doubling, at most
+    `run.max_learner_restarts` in a row (`cli/learner_restart.py`); the actors keep running and re-sync with it;
   - on Ctrl-C, SIGTERM or SIGINT stops in order: SIGTERM to the learner, which finishes the step in hand,
     writes a resumable checkpoint and tells the actors to stop; then SIGTERM to the actors. Each wait is
     bounded by what that role may legitimately take (`stop_timeouts`); whatever outlives it is killed
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from actors.verifier_set import EXIT_REFUSED  # `brorl actor` cannot work as configured: never restarted
 from cli.display import Display
+from cli.learner_restart import RestartPolicy, checkpoint_step, ledger_size, served_since, wait_ports_free
 from cli.procs import brorl_command, die_with_parent, kill_group
 from config.loader import ConfigError, to_toml
 from config.placement import Placement, cpu_cores, place, visible_env
@@ -35,6 +39,7 @@ from config.schema import BrorlConfig
 from learner import metrics as metrics_mod
 
 ACTOR_DRAIN_S = 60.0  # an actor's SIGTERM drain bound (actors/actor.py)
+PORTS_FREE_S = 60.0  # how long a restarted learner waits for its predecessor's ports
 
 
 class Stop(Exception):
@@ -86,6 +91,9 @@ class Launcher:
         self.given_up: list[str] = []
         self.refused = ""  # why an actor refused to start (it exited with EXIT_REFUSED): the job stops
         self._stopping = False
+        self.learner_restarts = RestartPolicy(cfg.run.max_learner_restarts, cfg.run.learner_restart_backoff_s)
+        self._learner_restart_at: float | None = None  # when a dead learner's back-off ends
+        self._ledger_mark = 0  # the ledger's size when the learner started: its `start` row comes after
         self.display = Display(cfg.learner.steps)
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
@@ -131,9 +139,49 @@ class Launcher:
         cfg_path.write_text(to_toml(self.cfg))
         if self.placement.learner or self.placement.actors:
             print(f"[brorl run] placement: {self.placement.describe()}", flush=True)
-        self._start("learner", ["learner", "--config", str(cfg_path), *(["--resume"] if self.resume else [])])
+        self._start_learner(self.resume)
         for i in range(self.cfg.actor.num_actors):
             self._start(f"actor-{i}", self._actor_args(f"actor-{i}"))
+
+    def _start_learner(self, resume: bool) -> None:
+        self._ledger_mark = ledger_size(self.run_dir)
+        self._start("learner", ["learner", "--config", str(self.run_dir / "config.toml"),
+                                *(["--resume"] if resume else [])])
+
+    def _learner_served(self) -> bool:
+        """Had the dead learner started serving (loaded, bound its sockets, written its ledger `start` row)?"""
+        return served_since(self.run_dir, self._ledger_mark)
+
+    def _checkpoint_step(self) -> int | None:
+        """The step of the checkpoint a resumed learner starts from."""
+        return checkpoint_step(self.run_dir)
+
+    def _wait_learner_ports(self) -> None:
+        """Until the learner's ports are free on this machine (a dead learner's ranks may still be stopping)."""
+        t = self.cfg.transport
+        busy = wait_ports_free(t.host, (t.work_port, t.rollout_port, t.control_port), PORTS_FREE_S)
+        if busy:  # the learner will say which port it cannot bind, and exit before serving: not restarted
+            print(f"[brorl run] ports {busy} on {t.host} still in use after {PORTS_FREE_S:.0f} s; starting the "
+                  f"learner anyway", flush=True)
+
+    def _supervise_learner(self) -> bool:
+        """The learner has exited: restart it after its back-off if the policy says so (True: the job goes
+        on), else False: the job ends with its exit status."""
+        p = self.procs["learner"]
+        if self._learner_restart_at is None:
+            served, step = self._learner_served(), self._checkpoint_step()
+            self._reap(p)  # whatever it left behind in its process group
+            v = self.learner_restarts.decide(p.returncode, served, time.monotonic() - self._started_at["learner"])
+            if p.returncode != 0:
+                print(f"[brorl run] {self.learner_restarts.line(v, step)}", flush=True)
+            if not v.restart:
+                return False
+            self._learner_restart_at = time.monotonic() + v.delay_s
+        if time.monotonic() >= self._learner_restart_at:
+            self._learner_restart_at = None
+            self._wait_learner_ports()
+            self._start_learner(resume=True)
+        return True
 
     def stop(self, timeouts: tuple[float, float] | None = None) -> None:
         """SIGTERM the learner and wait for it (it finishes the step in hand, writes a checkpoint and tells
@@ -197,10 +245,10 @@ class Launcher:
                 self._start(name, self._actor_args(name))
 
     def wait(self) -> int:
-        """Until the learner exits; actors that die are restarted. Returns the learner's exit code."""
-        learner = self.procs["learner"]
+        """Until the learner exits for good; a learner or actors that die are restarted. Returns the learner's
+        exit code."""
         last = 0.0
-        while learner.poll() is None:
+        while self.procs["learner"].poll() is None or (not self._stopping and self._supervise_learner()):
             if not self._stopping:
                 self._supervise_actors()
                 if self.refused:
@@ -214,7 +262,7 @@ class Launcher:
             time.sleep(0.5)
         if not self.quiet:
             self._status()
-        return learner.returncode
+        return self.procs["learner"].returncode
 
     def _status(self) -> None:
         """The live display (`cli/display.py`): a panel on a terminal, one line per completed step in a log."""

@@ -3,7 +3,9 @@
 With `learner.devices = K > 1` this process starts K learner ranks (`learner/ranks.py`: rank 0 serves,
 the others follow it) and watches them: SIGTERM or SIGINT goes to rank 0, which finishes the step in hand,
 writes a checkpoint and stops the others; a rank that dies takes the others down with it (exit status 1),
-and the job resumes from its last checkpoint with `--resume`.
+and the job resumes from its last checkpoint with `--resume` (`brorl run` does it: `run.max_learner_restarts`).
+Exit status 78 (`EXIT_REFUSED`): the job cannot go on as configured (non-finite training past
+`learner.max_nonfinite_steps`); `brorl run` does not restart it.
 """
 
 from __future__ import annotations
@@ -44,9 +46,16 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
                 *(["--resume"] if args.resume else []), *overrides]
         t = cfg.transport
         return start_ranks(cfg.learner.devices, argv, avoid=(t.work_port, t.rollout_port, t.control_port))
-    from learner.service import main as serve
+    from actors.verifier_set import EXIT_REFUSED
+    from learner.service import NonFiniteTraining, main as serve
 
-    return serve(cfg, resume=args.resume)
+    try:
+        return serve(cfg, resume=args.resume)
+    except RuntimeError as e:
+        if isinstance(e.__cause__, NonFiniteTraining):  # a restart would train the same numbers again
+            print(f"brorl learner: {e.__cause__}", file=sys.stderr, flush=True)
+            return EXIT_REFUSED
+        raise
 
 
 def start_ranks(world: int, argv: list[str], stop_grace_s: float = 60.0, avoid: tuple[int, ...] = ()) -> int:

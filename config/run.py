@@ -34,6 +34,16 @@ class RunConfig(Section):
     """`brorl run` restarts an actor process that dies, with a back-off (1 s doubling to 60 s; reset after 10
     minutes of life), at most this many times per actor; past that the actor stays down and is reported."""
 
+    max_learner_restarts: int = Field(3, ge=0)
+    """`brorl run` (and `--cluster`) restarts a learner that dies — killed by a signal (SIGKILL, the OOM killer)
+    or failing after it started serving — from its last checkpoint, at most this many times in a row (reset
+    after 10 minutes of life); 0: never (resume by hand with `--resume`). A learner that fails before it
+    serves (a config, data or checkpoint error) or exits with status 78 is never restarted."""
+
+    learner_restart_backoff_s: float = Field(1.0, ge=0.0)
+    """Seconds before the first restart of a dead learner, doubling with each restart in a row (at most 60 s);
+    the new learner also waits (up to 60 s) for the old one's ports to be free."""
+
     log_max_mb: float = Field(50.0, gt=0.0)
     """`brorl run` rotates a role's log (`logs/<role>.log` -> `.log.1`, one old copy) when it has grown past
     this size, checked every few seconds."""
