@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, rest)
     except Exception as e:  # a config error is a user error: one clear line, no traceback
         from config.loader import ConfigError
+        from transport import events
 
+        events.fatal(e)  # a role of `brorl run`: the reason, as one line on its console
         if isinstance(e, ConfigError):
             print(f"brorl: {e}", file=sys.stderr)
             return 2

@@ -15,7 +15,9 @@ gloo/NCCL for weights. Ray only places, restarts and carries logs:
     takes work. An actor that refuses to start (a verifier failed its self-test) is not restarted and
     stops the job, as on one machine. The learner is not restarted by Ray (resume with `--resume`);
   - each role's output goes to `run_dir/logs/<role>.log` on its node and is streamed to the driver
-    (`[actor-0] …` lines);
+    (`[actor-0] …` lines); its events (`transport/events.py`) go to `run_dir/events.jsonl` on its node, which
+    the driver tails as on one machine where the run folder is the driver's (one node, or a shared file
+    system); elsewhere only the streamed log lines carry them;
   - stopping is the single-machine order (SIGTERM the learner, which checkpoints and tells the actors
     to stop; then the actors), through the hosts; then the hosts are killed and the driver disconnects.
 
@@ -98,6 +100,9 @@ class RoleHost:
         env = {"VLLM_HOST_IP": self.node_ip, **env} if "VLLM_HOST_IP" not in os.environ else env
         if core_share and "VLLM_CPU_OMP_THREADS_BIND" not in {**os.environ, **env}:
             env = {**env, **self._bind_cores(name, core_share)}
+        from transport.events import role_env  # its events: on the driver's console where run_dir is shared
+
+        env = {**env, **role_env((run / "events.jsonl").resolve(), name)}
         self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                                      start_new_session=True, preexec_fn=_role_preexec)
@@ -300,8 +305,10 @@ class RayLauncher(Launcher):
                 continue
             rc = p.poll()
             if rc == EXIT_REFUSED:
-                self.refused = f"{name} refused to start: see {self.logs / f'{name}.log'}"
-                print(f"[brorl run] {self.refused}; stopping the job", flush=True)
+                self._tail_events()  # its reason, where the run folder is shared with the driver
+                self.refused = f"{name} refused to start" + ("" if name in self.fatal_of else
+                                                             f": see {self.logs / f'{name}.log'}")
+                self._say(f"[brorl run] {self.refused}; stopping the job")
                 return
             if rc is not None:
                 self.given_up.append(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from cli.common import add_config_arg, load
@@ -51,6 +52,7 @@ def evaluate_checkpoint(cfg, model_path: str, k: int | None = None) -> dict:
     from evaluation import heldout_tasks, settings
     from evaluation.vllm import evaluate
     from taskdata import PromptRenderer
+    from transport import events
 
     offline_env()
     from vllm import LLM
@@ -60,9 +62,14 @@ def evaluate_checkpoint(cfg, model_path: str, k: int | None = None) -> dict:
     model = cfg.model.model_copy(update={"path": str(folder)})
     renderer = PromptRenderer.for_model(str(tokenizer_dir), cfg.data)
     tasks = heldout_tasks(cfg)
+    events.emit("phase", f"starting a vLLM engine for {folder} (loads the model and compiles it)")
+    t0 = time.monotonic()
     llm = LLM(**{**engine_kwargs(model, cfg.actor, seed=cfg.run.seed), "tokenizer": str(tokenizer_dir)})
+    how = settings(cfg, k)
+    events.emit("phase", f"engine ready in {time.monotonic() - t0:.0f} s; generating {how.k} samples for each of "
+                         f"{len(tasks)} held-out prompts")
     try:
-        return {"model": str(folder), **evaluate(llm, tasks, settings(cfg, k), renderer)}
+        return {"model": str(folder), **evaluate(llm, tasks, how, renderer)}
     finally:
         llm.llm_engine.engine_core.shutdown()
 

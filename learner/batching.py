@@ -40,6 +40,12 @@ from transport.staleness import fresh, staleness, steps_left
 log = logging.getLogger("brorl.learner")
 
 
+class NothingRenders(RuntimeError):
+    """The task stream yields no task this model can take: the learner cannot go on (it stops with this)."""
+
+    fix = "check data.*, the tokenizer's chat template and actor.max_model_len with `brorl data preview`"
+
+
 class TaskStream:
     """Random access into the deterministic train-task stream (extended lazily), each task rendered for the
     model (`taskdata.render`: chat template, token ids) with `renderer`. A task that cannot be rendered (too
@@ -76,8 +82,7 @@ class TaskStream:
             except RenderError as e:
                 self.unrenderable += 1
                 log.warning("task left out: %s", e)
-        raise RuntimeError("1000 tasks in a row could not be rendered (see the log): check data.* and "
-                           "actor.max_model_len with `brorl data preview`")
+        raise NothingRenders("1000 tasks in a row could not be rendered (the learner's log names why for each)")
 
     def forget_before(self, i: int) -> None:
         for k in [k for k in self._cache if k < i]:

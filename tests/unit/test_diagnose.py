@@ -29,3 +29,13 @@ def test_groups_that_dynamic_sampling_drops_whole_are_named_as_the_reason():
     # one group is not yet a pattern (fewer than B received); a mixed group is kept: other reasons apply
     assert not why_no_batch(*_state([0, 0, 0, 0], groups=1), version=0).startswith("every one")
     assert not why_no_batch(*_state([0, 1, 0, 0], groups=1), version=0).startswith("every one")
+
+
+def test_the_diagnosis_has_a_kind_the_console_says_once_and_a_fix_apart():
+    from learner.diagnose import BUSY, cause
+
+    kind, why, fix = cause(*_state([0, 0, 0, 0], groups=5), version=0)
+    assert kind == "all-wrong" and why.endswith("dynamic sampling drops such groups")
+    assert "data.reasoning_end" in fix and "data.reasoning_end" not in why
+    kind, why, fix = cause(*_state([0, 1, 0, 0], groups=1), version=0)  # nobody has said hello
+    assert kind == "no-actor" and kind not in BUSY and "actor" in fix
