@@ -27,5 +27,5 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
         from transport import events
 
         log.error("refuses to start: %s", e)
-        events.emit("fatal", f"refused to start: {e}", getattr(e, "fix", ""))
+        events.emit("fatal", f"refused to start: {e}", events.describe(e)[1])
         return EXIT_REFUSED
