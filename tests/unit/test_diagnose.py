@@ -39,3 +39,42 @@ def test_the_diagnosis_has_a_kind_the_console_says_once_and_a_fix_apart():
     assert "data.reasoning_end" in fix and "data.reasoning_end" not in why
     kind, why, fix = cause(*_state([0, 1, 0, 0], groups=1), version=0)  # nobody has said hello
     assert kind == "no-actor" and kind not in BUSY and "actor" in fix
+
+
+def test_a_task_stream_where_nothing_renders_stops_the_learner_with_the_fix():
+    """Not a warning repeated for each work request: the dispatcher's loop ends with the reason (the learner's
+    run then stops, and its fatal event names it)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+
+    from learner.batching import NothingRenders, TaskStream
+    from learner.intake import Intake
+    from taskdata import RenderError
+    from transport import events
+
+    class Unrenderable:
+        def render(self, task):
+            raise RenderError(f"task {task.task_id}: the prompt has 99 tokens, more than the 8 ...")
+
+    with pytest.raises(NothingRenders) as e:
+        TaskStream(load_config("tiny-cpu"), Unrenderable())[0]
+    try:
+        raise RuntimeError("task learner:dispatcher died") from e.value
+    except RuntimeError as died:
+        msg, fix = events.describe(died)
+    assert msg.startswith("NothingRenders: 1000 tasks in a row could not be rendered")
+    assert "actor.max_model_len" in fix and "brorl data preview" in fix
+
+    class Learner(Intake):
+        async def on_work_message(self, ident, msg, peer):
+            TaskStream(load_config("tiny-cpu"), Unrenderable())[0]  # a grant renders the next task
+
+    async def recv():
+        return b"a0", object()
+
+    lrn = Learner()
+    lrn.sockets = SimpleNamespace(work=SimpleNamespace(recv=recv, last_peer=None))
+    with pytest.raises(NothingRenders):
+        asyncio.run(asyncio.wait_for(lrn._work_task(), 30))
