@@ -23,13 +23,16 @@ def cause(dispatcher, batcher, members, version: int) -> tuple[str, str, str]:
     if st["groups_received"] >= b.B and dropped == st["groups_received"] and not b.kept and not b._gathered:
         which = "all-wrong" if st["drop_all_wrong"] == dropped else "all-correct" if st["drop_all_correct"] == dropped \
             else "all-correct or all-wrong"
-        why = (f"every one of the {dropped} groups received since the last step was {which}, and dynamic sampling "
-               "drops such groups")
-        fix = ("the task is too hard for the model, or no answer is ever scored (is data.reasoning_end set while the "
-               "model never closes its reasoning? does the verifier read the model's answer format?)"
-               if which == "all-wrong" else "the task is too easy or too hard for the model; check the verifier and "
-               "the data")
-        return which, why, fix
+        why, fix = {
+            "all-wrong": ("the task is too hard for the model, or no answer is ever scored",
+                          "use easier tasks or a stronger model; check that data.reasoning_end matches how the model "
+                          "closes its reasoning and that the verifier reads its answer format (`brorl data preview`)"),
+            "all-correct": ("the task is too easy for the model, or the verifier accepts anything",
+                            "use harder tasks; check the verifier and the data (`brorl data preview`)"),
+        }.get(which, ("each task is too easy or too hard for the model",
+                      "mix in tasks of middling difficulty; check the verifier and the data (`brorl data preview`)"))
+        return which, (f"every one of the {dropped} groups received since the last step was {which}, and dynamic "
+                       f"sampling drops such groups: {why}"), fix
     if not alive:
         return ("no-actor", "no actor is alive (none heard from within transport.heartbeat_timeout_s)",
                 "see the actors' logs (logs/actor-*.log in the run folder); check that they reach the learner's ports")
@@ -49,8 +52,8 @@ def cause(dispatcher, batcher, members, version: int) -> tuple[str, str, str]:
 def why_no_batch(dispatcher, batcher, members, version: int) -> str:
     d, b, m = dispatcher, batcher, members
     alive = m.alive()
-    _, why, fix = cause(d, b, m, version)
-    why = f"{why}: {fix}" if fix and why.startswith("every one") else why
+    kind, why, fix = cause(d, b, m, version)
+    why = f"{why} ({fix})" if kind.startswith("all-") else why  # the others: the state below is the clue
     return (f"{why}; kept {len(b.kept)} + gathered {len(b._gathered)} of B={b.B}, pending {len(d.pending)} "
             f"(requeued {len(d.requeue)}, dropped-uncommitted {len(b.consumed_ids)}), next prompt {d.next_id}, "
             f"alive {alive}, weight group {m.group}, synced version {m.synced_version}, actor versions "

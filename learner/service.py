@@ -44,6 +44,8 @@ log = logging.getLogger("brorl.learner")
 class NonFiniteTraining(RuntimeError):
     """`learner.max_nonfinite_steps` steps in a row changed nothing because of non-finite values."""
 
+    fix = "lower learner.lr (or check the data for degenerate groups), then continue with --resume"
+
 
 def main(cfg: BrorlConfig, resume: bool) -> int:
     """One learner rank: rank 0 (or the only one) serves; with `learner.devices` > 1 the others follow."""
@@ -52,7 +54,8 @@ def main(cfg: BrorlConfig, resume: bool) -> int:
     if ranks.rank != 0:
         code = follow(cfg, ranks)
     else:
-        events.emit("phase", f"loading {cfg.model.path} for training")
+        events.emit("phase", f"loading {'the latest checkpoint' if resume else cfg.learner.init_from or cfg.model.path}"
+                             " for training")
         t0 = time.monotonic()
         service = LearnerService(cfg, resume=resume, ranks=ranks)
         events.emit("phase", f"ready in {time.monotonic() - t0:.0f} s at step {service.version}; waiting for actors "
