@@ -5,8 +5,9 @@ from __future__ import annotations
 import collections
 
 
-# kinds of `cause` that are the job at work, only slow (a long step, long generations): no stall to report
-BUSY = ("busy", "generating")
+# kinds of `cause` that are the job at work, only slow (a long step, long generations, actors starting their
+# engines: one that cannot reach the learner says so itself): no stall to report
+BUSY = ("busy", "generating", "none-joined")
 
 
 def cause(dispatcher, batcher, members, version: int) -> tuple[str, str, str]:
@@ -33,6 +34,9 @@ def cause(dispatcher, batcher, members, version: int) -> tuple[str, str, str]:
                       "mix in tasks of middling difficulty; check the verifier and the data (`brorl data preview`)"))
         return which, (f"every one of the {dropped} groups received since the last step was {which}, and dynamic "
                        f"sampling drops such groups: {why}"), fix
+    if not alive and not m.ever_joined:
+        return ("none-joined", "no actor has joined yet (an actor's engine start takes ~20-60 s on a CPU, minutes "
+                "for a large model)", "")
     if not alive:
         return ("no-actor", "no actor is alive (none heard from within transport.heartbeat_timeout_s)",
                 "see the actors' logs (logs/actor-*.log in the run folder); check that they reach the learner's ports")

@@ -38,6 +38,7 @@ class Membership:
         self.bad_weights: dict[str, int] = {}  # actor -> version whose weights it reported with a wrong checksum
         self.resync = False
         self._reminded: dict[str, float] = {}
+        self.ever_joined = False  # an actor has said hello (before: actors may still be starting their engines)
 
     def may_hello(self, actor_id: str) -> bool:
         """Is there room for this actor id? Known ids always; a new one only while fewer than `max_actors`
@@ -67,6 +68,7 @@ class Membership:
         retired is the actor's previous incarnation when this hello comes from a new process under the
         same actor id (else None)."""
         self._heard[actor_id] = time.monotonic()
+        self.ever_joined = True
         self.addresses[actor_id] = address
         self.shunned.discard(actor_id)  # a new start: it may take part in weight groups again
         old = self.incarnations.get(actor_id)

@@ -76,6 +76,8 @@ FIXES = (  # (exception type name or text in its message, the fix to suggest)
     ("DataError", "correct data.train / data.eval (check them with `brorl data preview`)"),
     ("ConfigError", "correct the config (see it resolved with `brorl show-config`)"),
     ("RenderError", "check data.* and actor.max_model_len with `brorl data preview`"),
+    ("no control-channel barrier", "check that the learner runs and that this actor reaches it (transport.host and "
+                                   "ports, or --learner; the same transport.curve keys on both)"),
     ("out of memory", "lower the batch (job.prompts_per_step, learner.micro_batch_tokens) or give the role more memory"),
 )
 

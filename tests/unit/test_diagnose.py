@@ -37,8 +37,11 @@ def test_the_diagnosis_has_a_kind_the_console_says_once_and_a_fix_apart():
     kind, why, fix = cause(*_state([0, 0, 0, 0], groups=5), version=0)
     assert kind == "all-wrong" and why.endswith("the task is too hard for the model, or no answer is ever scored")
     assert "data.reasoning_end" in fix and "data.reasoning_end" not in why
-    kind, why, fix = cause(*_state([0, 1, 0, 0], groups=1), version=0)  # nobody has said hello
-    assert kind == "no-actor" and kind not in BUSY and "actor" in fix
+    d, b, m = _state([0, 1, 0, 0], groups=1)
+    assert cause(d, b, m, version=0)[0] in BUSY  # nobody has said hello yet: actors may still be starting
+    m.hello("a0", "i1")
+    kind, why, fix = cause(d, b, m, version=0)  # one did, and is not alive (no heartbeat or request since)
+    assert kind == "no-actor" and kind not in BUSY and "actors' logs" in fix
 
 
 def test_a_task_stream_where_nothing_renders_stops_the_learner_with_the_fix():
