@@ -41,6 +41,12 @@ from transport.zmq_transport import Endpoints, LearnerSockets, Security
 log = logging.getLogger("brorl.learner")
 
 
+class TaskDied(RuntimeError):
+    """A background task of the service ended with an error (its `__cause__`)."""
+
+    wraps = True  # the console tells the cause (transport.events.describe)
+
+
 class NonFiniteTraining(RuntimeError):
     """`learner.max_nonfinite_steps` steps in a row changed nothing because of non-finite values."""
 
@@ -347,7 +353,7 @@ class LearnerService(Intake):
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 if t.exception() is not None:
-                    raise RuntimeError(f"task {t.get_name()} died") from t.exception()
+                    raise TaskDied(f"task {t.get_name()} died") from t.exception()
             if self.stop.is_set():
                 await self.checkpoint_if_due(force=True)
             self._record({"end": self.version, "pending": sorted(self.dispatcher.pending)})

@@ -82,24 +82,27 @@ FIXES = (  # (exception type name or text in its message, the fix to suggest)
 )
 
 
-def cause(exc: BaseException) -> BaseException:
-    """The innermost explicit cause (`raise ... from e`): what actually went wrong."""
-    seen = {id(exc)}
-    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
-        exc = exc.__cause__
-        seen.add(id(exc))
-    return exc
+def chain(exc: BaseException) -> list[BaseException]:
+    """The exception and its explicit causes (`raise ... from e`), outermost first."""
+    out = [exc]
+    while out[-1].__cause__ is not None and all(out[-1].__cause__ is not e for e in out):
+        out.append(out[-1].__cause__)
+    return out
 
 
 def describe(exc: BaseException) -> tuple[str, str]:
-    """(message, fix) of an exception: its root cause's type and message; the fix it carries (`fix`
-    attribute) or one suggested by its type or message (`FIXES`)."""
-    root = cause(exc)
-    message = f"{type(root).__name__}: {root}" if str(root) else type(root).__name__
-    fix = getattr(root, "fix", "") or getattr(exc, "fix", "")
-    if not fix:
-        names = {t.__name__ for t in type(root).__mro__}
-        fix = next((f for key, f in FIXES if key in names or key in str(root)), "")
+    """(message, fix) of an exception: the type and message of the outermost exception that is not a mere
+    wrapper (one with `wraps = True`, e.g. "task X died" around the task's error); the fix the first of the
+    chain carries (`fix` attribute), or else one its type or message suggests (`FIXES`)."""
+    causes = chain(exc)
+    said = next((e for e in causes if not getattr(e, "wraps", False)), causes[-1])
+    message = f"{type(said).__name__}: {said}" if str(said) else type(said).__name__
+    fix = next((e.fix for e in causes if isinstance(getattr(e, "fix", None), str) and e.fix), "")
+    for e in causes if not fix else ():
+        names = {t.__name__ for t in type(e).__mro__}
+        fix = next((f for key, f in FIXES if key in names or key in str(e)), "")
+        if fix:
+            break
     return message, fix
 
 

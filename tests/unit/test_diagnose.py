@@ -63,9 +63,11 @@ def test_a_task_stream_where_nothing_renders_stops_the_learner_with_the_fix():
 
     with pytest.raises(NothingRenders) as e:
         TaskStream(load_config("tiny-cpu"), Unrenderable())[0]
+    from learner.service import TaskDied
+
     try:
-        raise RuntimeError("task learner:dispatcher died") from e.value
-    except RuntimeError as died:
+        raise TaskDied("task learner:dispatcher died") from e.value
+    except TaskDied as died:
         msg, fix = events.describe(died)
     assert msg.startswith("NothingRenders: 1000 tasks in a row could not be rendered")
     assert "actor.max_model_len" in fix and "brorl data preview" in fix

@@ -49,19 +49,28 @@ def test_once_says_a_key_once_until_forgotten(monkeypatch, tmp_path):
     assert [e["message"] for e in events.Reader(tmp_path / "e.jsonl").read()] == ["a", "b", "a after a step"]
 
 
-def test_an_exception_is_told_by_its_root_cause_with_a_fix():
+def test_an_exception_is_told_by_what_explains_it_with_a_fix():
     class Fixable(RuntimeError):
         fix = "do the thing"
 
-    try:
+    class Died(RuntimeError):
+        wraps = True
+
+    def raised(exc, cause=None):
         try:
-            raise DataError("bad/nope.parquet: no such file or folder")
-        except DataError as e:
-            raise RuntimeError("task learner:dispatcher died") from e
-    except RuntimeError as wrapped:
-        msg, fix = events.describe(wrapped)
+            raise exc from cause
+        except BaseException as e:
+            return e
+
+    data = raised(DataError("bad/nope.parquet: no such file or folder"))
+    msg, fix = events.describe(raised(Died("task learner:dispatcher died"), data))  # a wrapper: its cause tells
     assert msg == "DataError: bad/nope.parquet: no such file or folder"
     assert "data.train" in fix and "brorl data preview" in fix  # suggested by its type (`FIXES`)
+    port = raised(OSError(98, "port 5555 on 127.0.0.1 is in use: set transport.work_port to a free one"),
+                  raised(ValueError("Address already in use")))
+    assert events.describe(port)[0] == "OSError: [Errno 98] port 5555 on 127.0.0.1 is in use: set " \
+                                       "transport.work_port to a free one"  # the explanation, not its cause
+    assert events.describe(raised(RuntimeError("refused"), data))[1].startswith("correct data.train")  # the chain's
     assert events.describe(Fixable("no task renders")) == ("Fixable: no task renders", "do the thing")
     assert events.describe(KeyError()) == ("KeyError", "")
 
