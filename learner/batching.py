@@ -82,7 +82,8 @@ class TaskStream:
             except RenderError as e:
                 self.unrenderable += 1
                 log.warning("task left out: %s", e)
-        raise NothingRenders("1000 tasks in a row could not be rendered (the learner's log names why for each)")
+                last = e
+        raise NothingRenders(f"1000 tasks in a row could not be rendered; the last: {last}")
 
     def forget_before(self, i: int) -> None:
         for k in [k for k in self._cache if k < i]:

@@ -95,6 +95,8 @@ class LearnerService(Intake):
         self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
         self.renderer = PromptRenderer(self.tokenizer, cfg.data, max_prompt_tokens=cfg.actor.max_model_len - 1)
         self.dispatcher = Dispatcher(cfg, TaskStream(cfg, self.renderer))  # prompts rendered: chat template, ids
+        if saved is None:
+            self.dispatcher.tasks[0]  # the first task rendered now: a model that can take none stops before actors wait
         self.admission = Admission(cfg.job.max_staleness)
         self.batcher = Batcher(cfg.job.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                lambda pids: self.take_back(pids, None, "stale", holder=False),

@@ -69,7 +69,7 @@ def test_a_task_stream_where_nothing_renders_stops_the_learner_with_the_fix():
         raise TaskDied("task learner:dispatcher died") from e.value
     except TaskDied as died:
         msg, fix = events.describe(died)
-    assert msg.startswith("NothingRenders: 1000 tasks in a row could not be rendered")
+    assert msg.startswith("NothingRenders: 1000 tasks in a row could not be rendered; the last: task ")
     assert "actor.max_model_len" in fix and "brorl data preview" in fix
 
     class Learner(Intake):
