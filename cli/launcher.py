@@ -107,6 +107,7 @@ class Launcher:
         log.close()
         self.procs[name] = p
         self._started_at[name] = time.monotonic()
+        self.fatal_of.pop(name, None)  # a new process: what the last one said is not its reason
         return p
 
     def device_env(self, name: str) -> dict[str, str]:
