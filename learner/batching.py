@@ -60,6 +60,7 @@ class TaskStream:
         self._cache: dict[int, tuple[object, list[int]]] = {}
         self._next = 0  # id of the next task the iterator yields
         self.unrenderable = 0  # tasks skipped since the last take_stats
+        self.give_up_after = 1000  # unrenderable tasks in a row that stop the learner (NothingRenders)
 
     def __getitem__(self, i: int):
         """(task, prompt token ids): ids are empty without a renderer (the engine tokenizes the text)."""
@@ -73,7 +74,7 @@ class TaskStream:
     def _render_next(self) -> tuple[object, list[int]]:
         from taskdata import RenderError
 
-        for _ in range(1000):
+        for _ in range(self.give_up_after):
             t = next(self._it)
             if self.renderer is None:
                 return t, []
@@ -83,7 +84,7 @@ class TaskStream:
                 self.unrenderable += 1
                 log.warning("task left out: %s", e)
                 last = e
-        raise NothingRenders(f"1000 tasks in a row could not be rendered; the last: {last}")
+        raise NothingRenders(f"{self.give_up_after} tasks in a row could not be rendered; the last: {last}")
 
     def forget_before(self, i: int) -> None:
         for k in [k for k in self._cache if k < i]:
