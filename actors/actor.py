@@ -30,7 +30,7 @@ from actors.tasks import TaskSet, unless
 from actors.verifier_set import ActorRefused, ActorVerifiers
 from actors.weight_sync import WeightSync
 from config.schema import BrorlConfig
-from transport import wire
+from transport import events, wire
 from transport.weights import WeightReceiver
 from transport.zmq_transport import ActorSockets, Endpoints, Security
 
@@ -65,7 +65,11 @@ class Actor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        events.emit("phase", f"starting its vLLM engine ({self.cfg.model.path}: loads the model, compiles it and "
+                             "captures CUDA graphs on a GPU)")
+        t0 = time.monotonic()
         self.sync.receiver = WeightReceiver(self.supervisor.start(), is_async=True)
+        events.emit("phase", f"engine ready in {time.monotonic() - t0:.0f} s")
         self.pool = ScoringPool(self.cfg.verifiers.workers, self.cfg.verifiers.timeout_s)
         self.in_flight_policy = InFlightPolicy(self.cfg, self.supervisor, self.sync, self.load, self.stats,
                                                self.versions, self._error)
@@ -108,6 +112,7 @@ class Actor:
     async def _engine_down(self, why: str) -> None:
         """The engine died: no generation, no weights, until the rebuilt one has the learner's weights."""
         self.last_error = why
+        events.emit("error", why, "if it keeps dying, see the actor's log (actor.max_engine_restarts bounds this)")
         self.sync.engine_restarting()
         if self.inflight:  # their generate() calls fail fast; each hands its prompt back
             self.stats.aborted += len(self.inflight)

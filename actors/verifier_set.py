@@ -46,7 +46,7 @@ class ActorVerifiers:
             try:
                 names = verifier_names(self.cfg)
             except DataError as e:
-                raise ActorRefused(f"the job's data cannot be used: {e}") from None
+                raise ActorRefused(f"the job's data cannot be used: {e}") from e
         for name in sorted(names):
             await self.ensure(name, "start-up ")
 

@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, rest)
     except Exception as e:  # a config error is a user error: one clear line, no traceback
         from config.loader import ConfigError
+        from transport import events
 
+        events.fatal(e)  # a role of `brorl run`: the reason, as one line on its console
         if isinstance(e, ConfigError):
             head, *reasons = str(e).split("\n  ")
             one = head.rstrip(":\n") + ": " + reasons[0] if len(reasons) == 1 else str(e)  # one reason: one line

@@ -24,5 +24,8 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     try:
         return serve(cfg, args.actor_id, ep)
     except ActorRefused as e:  # the launcher does not restart an actor that exits with EXIT_REFUSED
-        log.error("actor %s refuses to start: %s", args.actor_id, e)
+        from transport import events
+
+        log.error("refuses to start: %s", e)
+        events.emit("fatal", f"refused to start: {e}", events.describe(e)[1])
         return EXIT_REFUSED

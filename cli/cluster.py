@@ -17,7 +17,9 @@ gloo/NCCL for weights. Ray only places, restarts and carries logs:
     (`run.max_learner_restarts`): a new host with `--resume`, which waits on its node for the old learner's
     ports to be free; whether the dead one had served and its checkpoint's step come from its host;
   - each role's output goes to `run_dir/logs/<role>.log` on its node and is streamed to the driver
-    (`[actor-0] …` lines);
+    (`[actor-0] …` lines); its events (`transport/events.py`) go to `run_dir/events.jsonl` on its node, which
+    the driver tails as on one machine where the run folder is the driver's (one node, or a shared file
+    system); elsewhere only the streamed log lines carry them;
   - stopping is the single-machine order (SIGTERM the learner, which checkpoints and tells the actors
     to stop; then the actors), through the hosts; then the hosts are killed and the driver disconnects.
 
@@ -104,6 +106,9 @@ class RoleHost:
         self.run_dir, self.ledger_mark = run, ledger_size(run)
         if name == "learner" and "--resume" in args:  # a restart: the dead learner's ranks may hold its ports
             self._wait_ports(config_toml)
+        from transport.events import role_env  # its events: on the driver's console where run_dir is shared
+
+        env = {**env, **role_env((run / "events.jsonl").resolve(), name)}
         self.proc = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                                      start_new_session=True, preexec_fn=_role_preexec)
@@ -321,7 +326,10 @@ class RayLauncher(Launcher):
                 continue
             rc = p.poll()
             if rc == EXIT_REFUSED:
-                self.refused = f"{name} refused to start: see {self.logs / f'{name}.log'}; stopping the job"
+                self._tail_events()  # its reason, where the run folder is shared with the driver
+                self.refused = f"{name} refused to start" + ("" if name in self.fatal_of else
+                                                             f": see {self.logs / f'{name}.log'}")
+                self._say(f"[brorl run] {self.refused}; stopping the job")
                 return
             if rc is not None:
                 self.given_up.append(name)

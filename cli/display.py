@@ -110,6 +110,13 @@ class Display:
         return Panel(Group(Text(lines[0].removeprefix("[brorl run] ")), bar, *map(Text, lines[1:])),
                      title="brorl run", title_align="left")
 
+    def say(self, text: str) -> None:
+        """One line of news (a role's event): printed; on a terminal above the panel, which stays below it."""
+        if self._live is not None:
+            self._live.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(text, file=self.out, flush=True)
+
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from cli.common import add_config_arg, load
@@ -70,6 +71,7 @@ def evaluate_checkpoint(cfg, model_path: str, k: int | None = None) -> dict:
     from actors.engine import engine_kwargs, offline_env
     from evaluation import heldout_tasks, render, settings
     from evaluation.vllm import evaluate
+    from transport import events
 
     folder = model_folder(model_path)
     tokenizer_dir = folder if (folder / "tokenizer_config.json").exists() else cfg.model.path
@@ -80,9 +82,14 @@ def evaluate_checkpoint(cfg, model_path: str, k: int | None = None) -> dict:
     offline_env()
     from vllm import LLM
 
+    events.emit("phase", f"starting a vLLM engine for {folder} (loads the model and compiles it)")
+    t0 = time.monotonic()
     llm = LLM(**{**engine_kwargs(model, cfg.actor, seed=cfg.run.seed), "tokenizer": str(tokenizer_dir)})
+    how = settings(cfg, k)
+    events.emit("phase", f"engine ready in {time.monotonic() - t0:.0f} s; generating {how.k} samples for each of "
+                         f"{len(tasks)} held-out prompts")
     try:
-        return {"model": str(folder), **evaluate(llm, tasks, settings(cfg, k), renderer)}
+        return {"model": str(folder), **evaluate(llm, tasks, how, renderer)}
     finally:
         llm.llm_engine.engine_core.shutdown()
 

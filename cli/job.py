@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from cli.launcher import Launcher, Stop
-from cli.procs import brorl_command, die_with_parent
+from cli.procs import brorl_command, die_with_parent, kill_group
 from config.loader import to_toml
 from config.schema import BrorlConfig
 from learner import metrics as metrics_mod
+from transport import events as events_mod
 
 
 def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True, cluster: str | None = None) -> int:
@@ -55,8 +56,6 @@ def run(cfg: BrorlConfig, resume: bool = False, evaluate: bool = True, cluster: 
     rows = list({r["step"]: r for r in metrics_mod.read(la.run_dir / "metrics.jsonl")}.values())
     if rows:
         plot_run(la.run_dir)
-    if la.refused:
-        print(f"[brorl run] {la.refused}", file=sys.stderr, flush=True)
     if interrupted or rc != 0:
         return rc
     ckpt = la.run_dir / "checkpoints"
@@ -75,12 +74,42 @@ def _evaluate(cfg: BrorlConfig, model_path: str, tag: str) -> dict | None:
     cfg_path = run_dir / "config.toml"
     cfg_path.write_text(to_toml(cfg))
     out = run_dir / f"eval-{tag}.json"
-    r = subprocess.run(brorl_command("eval", "--config", str(cfg_path), "--checkpoint", model_path, "--out", str(out)),
-                       capture_output=True, text=True, preexec_fn=die_with_parent)
-    if r.returncode != 0:
-        print(f"[brorl run] evaluation '{tag}' failed:\n{r.stderr[-2000:]}", flush=True)
+    role = f"eval-{tag}"
+    log = run_dir / "logs" / f"{role}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    reader = events_mod.Reader(run_dir / "events.jsonl")
+    reader.skip_to_end()
+    print(f"[brorl run] {role}: held-out pass@1 of the model {tag} training (run.eval_prompts prompts or data.eval, "
+          f"run.eval_samples samples each; --no-eval skips it); log: {log}", flush=True)
+    t0 = time.monotonic()
+    with open(log, "ab") as f:
+        p = subprocess.Popen(brorl_command("eval", "--config", str(cfg_path), "--checkpoint", model_path,
+                                           "--out", str(out)), stdout=f, stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                  **events_mod.role_env(reader.path.resolve(), role)},
+                             start_new_session=True, preexec_fn=die_with_parent)
+    said_fatal = False
+    try:
+        while True:
+            done = p.poll() is not None
+            for ev in reader.read():  # its phases (engine start, generation) and a fatal error, as they come
+                said_fatal |= ev["level"] == "fatal"
+                print(events_mod.line(ev, log), flush=True)
+            if done:
+                break
+            time.sleep(0.5)
+    finally:
+        if p.poll() is None:  # interrupted (Ctrl-C, SIGTERM): the evaluation goes too
+            kill_group(p.pid)
+            p.wait()
+    if p.returncode != 0:
+        if not said_fatal:
+            print(f"[brorl run] {role} ERROR: exited with status {p.returncode} (details: {log})", flush=True)
+        print(f"[brorl run] {role}: no held-out result; the job goes on", flush=True)
         return None
-    return json.loads(out.read_text())
+    res = json.loads(out.read_text())
+    print(f"[brorl run] {role}: pass@1 {100 * res['pass_at_1']:.1f}% ({time.monotonic() - t0:.0f} s)", flush=True)
+    return res
 
 
 def _summary(cfg, rows, before, after, wall, restarts, learner_restarts=0) -> dict:

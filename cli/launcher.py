@@ -14,6 +14,9 @@ Writes the resolved config to `run_dir/config.toml`, starts `brorl learner` and 
   - children never outlive it: each gets SIGTERM from the kernel when the launcher dies, even by SIGKILL
     (Linux parent-death signal), and runs in a process group the launcher kills on its way out;
   - rotates each role's log past `run.log_max_mb`;
+  - prints each event a role writes to `run_dir/events.jsonl` (`transport/events.py`: a fatal error, a stall
+    diagnosis, a phase) as one line; a fatal error of the learner, or an actor's refusal, ends the job at
+    once: the roles left are stopped within seconds (they have nothing to do without it);
   - when the learner finishes, stops the actors, evaluates the checkpoint before and after training
     (held-out pass@1), writes the plots and prints a summary.
 It starts no role in its own process: children are separate `brorl` processes (the same commands
@@ -37,9 +40,11 @@ from config.loader import ConfigError, to_toml
 from config.placement import Placement, cpu_cores, place, visible_env
 from config.schema import BrorlConfig
 from learner import metrics as metrics_mod
+from transport import events as events_mod
 
 ACTOR_DRAIN_S = 60.0  # an actor's SIGTERM drain bound (actors/actor.py)
 PORTS_FREE_S = 60.0  # how long a restarted learner waits for its predecessor's ports
+FAILED_STOP_S = (10.0, 5.0)  # (learner, actors) waits after SIGTERM once the job has failed: nothing to finish
 
 
 class Stop(Exception):
@@ -90,22 +95,27 @@ class Launcher:
         self._restart_at: dict[str, float] = {}  # actor -> when its back-off ends
         self.given_up: list[str] = []
         self.refused = ""  # why an actor refused to start (it exited with EXIT_REFUSED): the job stops
+        self.failed = ""  # why the job failed (a role's fatal event, or the learner's exit status), as printed
+        self.fatal_of: dict[str, str] = {}  # role -> its last fatal event's message
         self._stopping = False
         self.learner_restarts = RestartPolicy(cfg.run.max_learner_restarts, cfg.run.learner_restart_backoff_s)
         self._learner_restart_at: float | None = None  # when a dead learner's back-off ends
         self._ledger_mark = 0  # the ledger's size when the learner started: its `start` row comes after
         self.display = Display(cfg.learner.steps)
+        self.events = events_mod.Reader(self.run_dir / "events.jsonl")
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._rotate(name)
         log = open(self.logs / f"{name}.log", "ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.device_env(name)}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.device_env(name),
+               **events_mod.role_env(self.events.path.resolve(), name)}
         p = subprocess.Popen(brorl_command(*args), stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         self.procs[name] = p
         self._started_at[name] = time.monotonic()
+        self.fatal_of.pop(name, None)  # a new process: what the last one said is not its reason
         return p
 
     def device_env(self, name: str) -> dict[str, str]:
@@ -137,6 +147,7 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.run_dir / "config.toml"
         cfg_path.write_text(to_toml(self.cfg))
+        self.events.skip_to_end()  # what earlier runs in this folder (or the evaluation before) said is not news
         if self.placement.learner or self.placement.actors:
             print(f"[brorl run] placement: {self.placement.describe()}", flush=True)
         self._start_learner(self.resume)
@@ -145,6 +156,7 @@ class Launcher:
 
     def _start_learner(self, resume: bool) -> None:
         self._ledger_mark = ledger_size(self.run_dir)
+        self.fatal_of.pop("learner", None)  # what a learner before it said
         self._start("learner", ["learner", "--config", str(self.run_dir / "config.toml"),
                                 *(["--resume"] if resume else [])])
 
@@ -173,7 +185,8 @@ class Launcher:
             self._reap(p)  # whatever it left behind in its process group
             v = self.learner_restarts.decide(p.returncode, served, time.monotonic() - self._started_at["learner"])
             if p.returncode != 0:
-                print(f"[brorl run] {self.learner_restarts.line(v, step)}", flush=True)
+                self._tail_events()  # its reason first
+                self._say(f"[brorl run] {self.learner_restarts.line(v, step)} (details: {self.logs / 'learner.log'})")
             if not v.restart:
                 return False
             self._learner_restart_at = time.monotonic() + v.delay_s
@@ -186,12 +199,16 @@ class Launcher:
     def stop(self, timeouts: tuple[float, float] | None = None) -> None:
         """SIGTERM the learner and wait for it (it finishes the step in hand, writes a checkpoint and tells
         the actors to stop), then SIGTERM the actors and wait; kill the process group of whatever outlives
-        its timeout."""
+        its timeout; after a failure (`failed`, or the learner gone) only briefly: no role has anything to finish."""
         self.display.close()  # the panel stays as it was last drawn; what follows prints below it
         self._stopping = True
         learner = [n for n in self.procs if n == "learner"]
         actors = [n for n in self.procs if n != "learner"]
-        for group, timeout_s in zip((learner, actors), timeouts or stop_timeouts(self.cfg)):
+        dead = any(self.procs[n].poll() not in (None, 0) for n in learner)
+        failing = bool(self.failed or self.refused or dead)
+        if timeouts is None:
+            timeouts = FAILED_STOP_S if failing else stop_timeouts(self.cfg)
+        for group, timeout_s in zip((learner, actors), timeouts):
             for name in group:
                 p = self.procs[name]
                 if p.poll() is None:
@@ -202,7 +219,8 @@ class Launcher:
                 try:
                     p.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    print(f"[brorl run] {name} did not stop within {timeout_s:.0f} s; killing it", flush=True)
+                    if not failing:  # after a failure the kill is the plan, not news
+                        print(f"[brorl run] {name} did not stop within {timeout_s:.0f} s; killing it", flush=True)
                     p.kill()
                     p.wait()
                 self._reap(p)  # whatever it left behind in its process group
@@ -222,10 +240,10 @@ class Launcher:
             if name not in self._restart_at:
                 kill_group(p.pid)  # the dead actor's engine and scoring processes
                 if p.returncode == EXIT_REFUSED:  # misconfigured (a verifier failed its self-test): restarting
-                    why = _last_error(self.logs / f"{name}.log")
-                    # the actor's own line says "actor NAME refuses to start: WHY": say it once
-                    why = why.split(" refuses to start: ", 1)[1] if " refuses to start: " in why else why
-                    self.refused = f"{name} refused to start: {why}; stopping the job"  # restarting cannot help
+                    self._tail_events()  # its fatal event (the reason) first
+                    why = "" if name in self.fatal_of else f": {_last_error(self.logs / f'{name}.log')}"
+                    self.refused = f"{name} refused to start{why}"
+                    self._say(f"[brorl run] {self.refused}; stopping the job")  # restarting cannot help
                     return
                 lived = now - self._started_at[name]
                 n = 0 if lived > 600 else self.restarts_of.get(name, 0)
@@ -245,13 +263,19 @@ class Launcher:
                 self._start(name, self._actor_args(name))
 
     def wait(self) -> int:
-        """Until the learner exits for good; a learner or actors that die are restarted. Returns the learner's
-        exit code."""
+        """Until the learner exits for good, or a role's fatal event ends the job; a learner that dies is
+        restarted by `run.max_learner_restarts`, actors that die by `run.max_actor_restarts`. Returns the
+        learner's exit code (1 on the fatal event of a learner that never served: a restart would fail alike)."""
         last = 0.0
         while self.procs["learner"].poll() is None or (not self._stopping and self._supervise_learner()):
+            self._tail_events()
+            if "learner" in self.fatal_of and not self._learner_served():  # it is on its way out: failed now
+                self.failed = self.fatal_of["learner"]
+                return 1
             if not self._stopping:
                 self._supervise_actors()
                 if self.refused:
+                    self.failed = self.refused
                     return EXIT_REFUSED
             if time.monotonic() - last > 5:
                 last = time.monotonic()
@@ -260,9 +284,25 @@ class Launcher:
                 if not self.quiet:
                     self._status()
             time.sleep(0.5)
+        self._tail_events()
         if not self.quiet:
             self._status()
-        return self.procs["learner"].returncode
+        learner = self.procs["learner"]
+        if learner.returncode != 0 and not self._stopping:  # `_supervise_learner` said how it ended
+            self.failed = self.fatal_of.get("learner") or f"the learner exited with status {learner.returncode}"
+        return learner.returncode
+
+    def _tail_events(self) -> None:
+        """Print what the roles said since the last call, one line each; remember each role's fatal event."""
+        for ev in self.events.read():
+            role = str(ev.get("role", "?"))
+            if ev["level"] == "fatal":
+                self.fatal_of[role] = ev.get("message", "")
+            log = self.logs / f"{role}.log"
+            self._say(events_mod.line(ev, log if log.exists() else None))
+
+    def _say(self, text: str) -> None:
+        self.display.say(text)
 
     def _status(self) -> None:
         """The live display (`cli/display.py`): a panel on a terminal, one line per completed step in a log."""

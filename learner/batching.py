@@ -34,12 +34,12 @@ from typing import Callable
 
 import numpy as np
 
-from learner.dispatch import Dispatcher, TaskStream
+from learner.dispatch import Dispatcher, NothingRenders, TaskStream
 from learner.sources import SourceStats
 from transport import wire
 from transport.staleness import fresh, staleness
 
-__all__ = ["TaskStream", "Dispatcher", "Admission", "Batch", "Batcher"]
+__all__ = ["TaskStream", "NothingRenders", "Dispatcher", "Admission", "Batch", "Batcher"]
 
 
 class Admission:

@@ -24,6 +24,12 @@ LEASE_FLOOR_S = 30.0  # the automatic lease deadline is never shorter
 LEASE_FACTOR = 3.0  # ... and is this many times the longest lease answered lately
 
 
+class NothingRenders(RuntimeError):
+    """The task stream yields no task this model can take: the learner cannot go on (it stops with this)."""
+
+    fix = "check data.*, the tokenizer's chat template and actor.max_model_len with `brorl data preview`"
+
+
 class TaskStream:
     """Random access into the deterministic train-task stream (extended lazily), each task rendered for the
     model (`taskdata.render`: chat template, token ids) with `renderer`. A task that cannot be rendered (too
@@ -38,6 +44,7 @@ class TaskStream:
         self._cache: dict[int, tuple[object, list[int]]] = {}
         self._next = 0  # id of the next task the iterator yields
         self.unrenderable = 0  # tasks skipped since the last take_stats
+        self.give_up_after = 1000  # unrenderable tasks in a row that stop the learner (NothingRenders)
 
     def __getitem__(self, i: int):
         """(task, prompt token ids): ids are empty without a renderer (the engine tokenizes the text)."""
@@ -51,7 +58,7 @@ class TaskStream:
     def _render_next(self) -> tuple[object, list[int]]:
         from taskdata import RenderError
 
-        for _ in range(1000):
+        for _ in range(self.give_up_after):
             t = next(self._it)
             if self.renderer is None:
                 return t, []
@@ -60,8 +67,8 @@ class TaskStream:
             except RenderError as e:
                 self.unrenderable += 1
                 log.warning("task left out: %s", e)
-        raise RuntimeError("1000 tasks in a row could not be rendered (see the log): check data.* and "
-                           "actor.max_model_len with `brorl data preview`")
+                last = e
+        raise NothingRenders(f"{self.give_up_after} tasks in a row could not be rendered; the last: {last}")
 
     def forget_before(self, i: int) -> None:
         for k in [k for k in self._cache if k < i]:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 
+from learner.batching import NothingRenders
 from learner.validation import identity_problem
 from transport import wire
 from transport.zmq_transport import Peer
@@ -30,6 +31,8 @@ class Intake:
             ident, msg = await self.sockets.work.recv()
             try:  # nothing a peer sends may end the learner
                 await self.on_work_message(ident, msg, self.sockets.work.last_peer)
+            except NothingRenders:  # no peer's doing: no task can ever be granted, so the learner stops
+                raise
             except Exception as e:
                 self.validator.count("?", "-", f"internal_error: {type(e).__name__}: {e} (work message)")
                 log.exception("work message %s failed", type(msg).__name__)

@@ -43,6 +43,7 @@ class Membership:
         self.bad_weights: dict[str, int] = {}  # actor -> version whose weights it reported with a wrong checksum
         self.resync = False
         self._reminded: dict[str, float] = {}
+        self.ever_joined = False  # an actor has said hello (before: actors may still be starting their engines)
 
     def may_hello(self, actor_id: str) -> bool:
         """Is there room for this actor id? Known ids always; a new one only while fewer than `max_actors`
@@ -72,6 +73,7 @@ class Membership:
         same actor id (else None). A member left out of weight groups (`shun_absent`) stays out until its
         back-off is over, whatever its incarnation."""
         self._heard[actor_id] = time.monotonic()
+        self.ever_joined = True
         self.addresses[actor_id] = address
         if actor_id in self.shunned:  # it may take part in weight groups again, once its back-off is over
             self.rejoining.add(actor_id)

@@ -23,7 +23,7 @@ from config.schema import BrorlConfig
 from learner.admin import AdminDesk
 from learner.batching import Admission, Batch, Batcher, Dispatcher, TaskStream
 from learner.membership import Membership
-from learner.diagnose import why_no_batch
+from learner.diagnose import BUSY, cause, why_no_batch
 from learner.heldout import HeldoutEstimate
 from learner.intake import Intake
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
@@ -33,7 +33,7 @@ from learner.report import StepReport
 from learner.train_step import TrainGroup
 from learner.validation import GroupValidator
 from taskdata import PromptRenderer
-from transport import wire
+from transport import events, wire
 from transport.weights import WeightBroadcaster, WeightSyncError
 from transport.ports import free_port
 from transport.zmq_transport import Endpoints, LearnerSockets, Security
@@ -41,15 +41,32 @@ from transport.zmq_transport import Endpoints, LearnerSockets, Security
 log = logging.getLogger("brorl.learner")
 
 
+class TaskDied(RuntimeError):
+    """A background task of the service ended with an error (its `__cause__`)."""
+
+    wraps = True  # the console tells the cause (transport.events.describe)
+
+
 class NonFiniteTraining(RuntimeError):
     """`learner.max_nonfinite_steps` steps in a row changed nothing because of non-finite values."""
+
+    fix = "lower learner.lr (or check the data for degenerate groups), then continue with --resume"
 
 
 def main(cfg: BrorlConfig, resume: bool) -> int:
     """One learner rank: rank 0 (or the only one) serves; with `learner.devices` > 1 the others follow."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg, ranks = join_ranks(cfg)
-    code = asyncio.run(LearnerService(cfg, resume=resume, ranks=ranks).run()) if ranks.rank == 0 else follow(cfg, ranks)
+    if ranks.rank != 0:
+        code = follow(cfg, ranks)
+    else:
+        events.emit("phase", f"loading {'the latest checkpoint' if resume else cfg.learner.init_from or cfg.model.path}"
+                             " for training")
+        t0 = time.monotonic()
+        service = LearnerService(cfg, resume=resume, ranks=ranks)
+        events.emit("phase", f"ready in {time.monotonic() - t0:.0f} s at step {service.version}; waiting for actors "
+                             f"on {cfg.transport.host}:{service.sockets.work.port}")
+        code = asyncio.run(service.run())
     ranks.close()
     return code
 
@@ -78,6 +95,8 @@ class LearnerService(Intake):
         self.serving_dtype = self.trainer.compute_dtype  # model.dtype: what the actors serve
         self.renderer = PromptRenderer(self.tokenizer, cfg.data, max_prompt_tokens=cfg.actor.max_model_len - 1)
         self.dispatcher = Dispatcher(cfg, TaskStream(cfg, self.renderer))  # prompts rendered: chat template, ids
+        if saved is None:
+            self.dispatcher.tasks[0]  # the first task rendered now: a model that can take none stops before actors wait
         self.admission = Admission(cfg.job.max_staleness)
         self.batcher = Batcher(cfg.job.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                lambda pids: self.take_back(pids, None, "stale", holder=False),
@@ -287,7 +306,13 @@ class LearnerService(Intake):
     async def evaluate_if_due(self, report: StepReport | None = None) -> None:
         """The learner's held-out estimate, when `run.eval_interval` makes it due (`learner.heldout`)."""
         if self.heldout.due(self.version):
+            if self.version == 0:  # it delays the first step: say so
+                events.emit("phase", f"held-out estimate before the first step ({self.cfg.run.eval_prompts} prompts "
+                                     f"or data.eval, {self.cfg.run.eval_samples} samples each; run.eval_interval)")
+            t0 = time.monotonic()
             m = await self.heldout.run(self.trainer.model, self.tokenizer, self.version, self.generated_total)
+            events.emit("phase", f"held-out pass@1 at step {self.version}: {100 * m['heldout_pass_at_1']:.1f}% "
+                                 f"({time.monotonic() - t0:.0f} s)")
             if report is not None:
                 report.update(m)
 
@@ -310,10 +335,15 @@ class LearnerService(Intake):
             now = time.monotonic()
             if self.version != last_step:
                 last_step, since, warned = self.version, now, 0.0
+                events.forget("stall:")  # a stall after this step is news again
             elif now - since > self.cfg.learner.no_progress_s and now - warned > self.cfg.learner.no_progress_s:
                 warned = now
                 self._no_progress += 1
                 log.warning("no step for %.0f s (at step %d): %s", now - since, self.version, self.diagnose())
+                kind, why, fix = cause(self.dispatcher, self.batcher, self.members, self.version)
+                if kind not in BUSY:  # on the console once per kind of stall until the next step
+                    events.once(f"stall:{kind}", "stall", f"no step for {now - since:.0f} s (at step {self.version}): "
+                                                          f"{why}", fix)
 
     def diagnose(self) -> str:
         """Why no batch is forming, as far as the learner can tell, and the state it judged by."""
@@ -336,7 +366,7 @@ class LearnerService(Intake):
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 if t.exception() is not None:
-                    raise RuntimeError(f"task {t.get_name()} died") from t.exception()
+                    raise TaskDied(f"task {t.get_name()} died") from t.exception()
             if self.stop.is_set():
                 await self.checkpoint_if_due(force=True)
             self._record({"end": self.version, "pending": sorted(self.dispatcher.pending)})

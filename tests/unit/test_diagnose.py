@@ -29,3 +29,59 @@ def test_groups_that_dynamic_sampling_drops_whole_are_named_as_the_reason():
     # one group is not yet a pattern (fewer than B received); a mixed group is kept: other reasons apply
     assert not why_no_batch(*_state([0, 0, 0, 0], groups=1), version=0).startswith("every one")
     assert not why_no_batch(*_state([0, 1, 0, 0], groups=1), version=0).startswith("every one")
+
+
+def test_the_diagnosis_has_a_kind_the_console_says_once_and_a_fix_apart():
+    from learner.diagnose import BUSY, cause
+
+    kind, why, fix = cause(*_state([0, 0, 0, 0], groups=5), version=0)
+    assert kind == "all-wrong" and why.endswith("the task is too hard for the model, or no answer is ever scored")
+    assert "data.reasoning_end" in fix and "data.reasoning_end" not in why
+    d, b, m = _state([0, 1, 0, 0], groups=1)
+    assert cause(d, b, m, version=0)[0] in BUSY  # nobody has said hello yet: actors may still be starting
+    m.hello("a0", "i1")
+    kind, why, fix = cause(d, b, m, version=0)  # one did, and is not alive (no heartbeat or request since)
+    assert kind == "no-actor" and kind not in BUSY and "actors' logs" in fix
+
+
+def test_a_task_stream_where_nothing_renders_stops_the_learner_with_the_fix():
+    """Not a warning repeated for each work request: the dispatcher's loop ends with the reason (the learner's
+    run then stops, and its fatal event names it)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+
+    from learner.batching import NothingRenders, TaskStream
+    from learner.intake import Intake
+    from taskdata import RenderError
+    from transport import events
+
+    class Unrenderable:
+        def render(self, task):
+            raise RenderError(f"task {task.task_id}: the prompt has 99 tokens, more than the 8 ...")
+
+    stream = TaskStream(load_config("tiny-cpu"), Unrenderable())
+    stream.give_up_after = 50
+    with pytest.raises(NothingRenders) as e:
+        stream[0]
+    from learner.service import TaskDied
+
+    try:
+        raise TaskDied("task learner:dispatcher died") from e.value
+    except TaskDied as died:
+        msg, fix = events.describe(died)
+    assert msg.startswith("NothingRenders: 50 tasks in a row could not be rendered; the last: task ")
+    assert "actor.max_model_len" in fix and "brorl data preview" in fix
+
+    class Learner(Intake):
+        async def on_work_message(self, ident, msg, peer):
+            raise e.value  # what a grant raises when the next task cannot be rendered
+
+    async def recv():
+        return b"a0", object()
+
+    lrn = Learner()
+    lrn.sockets = SimpleNamespace(work=SimpleNamespace(recv=recv, last_peer=None))
+    with pytest.raises(NothingRenders):
+        asyncio.run(asyncio.wait_for(lrn._work_task(), 30))

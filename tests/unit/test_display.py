@@ -36,3 +36,19 @@ def test_on_a_terminal_a_panel_with_a_progress_bar_is_redrawn():
     assert "brorl run" in text and "step    2/4" in text and "0:12%" in text and "process restarts 1" in text
     assert "━" in text  # rich's progress bar
     assert "\x1b[" in text  # drawn in place with terminal controls
+
+
+def test_a_roles_news_is_one_line_in_a_log_and_above_the_panel_on_a_terminal():
+    news = "[brorl run] learner STALL: no step for 61 s (at step 3): every one of the 44 groups … — fix: easier tasks"
+    out = io.StringIO()
+    d = Display(steps=4, out=out, live=False)
+    d.say(news)
+    assert out.getvalue() == news + "\n"
+    out = io.StringIO()
+    d = Display(steps=4, out=out, live=True)
+    d.update(rows(1), 0, [])
+    d.say(news)
+    d.update(rows(2), 0, [])
+    d.close()
+    text = out.getvalue()
+    assert news in text and text.rindex("step    2/4") > text.index(news)  # the panel is drawn on below it
