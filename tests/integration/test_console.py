@@ -87,7 +87,7 @@ def test_a_fatal_error_of_the_learner_ends_the_job_at_once_with_one_line(tmp_pat
 @pytest.mark.parametrize("learner, actor, rc, said", [
     (SLEEPER, REFUSING_ACTOR, 78, "[brorl run] actor-0 FATAL: refused to start: verifier 'code' failed its start-up "
                                   "self-test — fix: install bubblewrap"),
-    ("raise SystemExit(3)", SLEEPER, 3, "[brorl run] learner FATAL: exited with status 3"),
+    ("raise SystemExit(3)", SLEEPER, 3, "[brorl run] learner died (exit status 3); not restarted"),
 ], ids=["actor-refuses", "learner-dies-silently"])
 def test_a_refusal_or_a_silent_death_is_one_line_and_stops_the_job(tmp_path, monkeypatch, capsys, learner, actor,
                                                                    rc, said):
@@ -101,18 +101,21 @@ def test_a_refusal_or_a_silent_death_is_one_line_and_stops_the_job(tmp_path, mon
 
 
 def test_a_corrupt_data_file_reaches_the_console_of_brorl_run_and_ends_it(tiny_model_dir, tmp_path):
-    """Real roles: a training file that exists but is no Parquet (what a check that paths exist passes): the
-    reason is one console line with the fix, and `brorl run` exits with it in seconds."""
+    """Real roles: a training file whose first rows are good (what the pre-flight reads) and whose row 1,201 is
+    bad, under `data.on_bad_row = "fatal"`: the reason is one console line naming the file and row, and
+    `brorl run` exits with it in seconds."""
+    import json
     import subprocess
 
     from transport.ports import free_ports
 
-    bad = tmp_path / "train.parquet"
-    bad.write_bytes(b"PAR1" + os.urandom(2000))  # the magic, then garbage: a file cut or overwritten mid-way
+    bad = tmp_path / "math.jsonl"  # the source is named by the file: math, scored by the math verifier
+    rows = [{"problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(1200)] + [{"problem": "", "answer": "1"}]
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
     port = free_ports(3)
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "cli", "run", "--no-eval", "--model.path", tiny_model_dir,
-                        "--run.run_dir", str(tmp_path / "run"), "--data.train", str(bad),
+                        "--run.run_dir", str(tmp_path / "run"), "--data.train", str(bad), "--data.on_bad_row", "fatal",
                         "--transport.work_port", str(port), "--transport.rollout_port", str(port + 1),
                         "--transport.control_port", str(port + 2)],
                        capture_output=True, text=True, cwd=ROOT, timeout=240,
@@ -125,6 +128,6 @@ def test_a_corrupt_data_file_reaches_the_console_of_brorl_run_and_ends_it(tiny_m
     assert 1 <= len(fatal) <= 2 and all(ln.startswith(("[brorl run] learner FATAL", "[brorl run] actor-0 FATAL"))
                                         for ln in fatal), out[-3000:]
     for ln in fatal:  # one line each: the role, the cause (the file, what is wrong), the fix, the log
-        assert f"{bad}: not a readable Parquet file" in ln and "fix: correct data.train" in ln and ".log)" in ln, ln
+        assert str(bad) in ln and "1201" in ln and ".log)" in ln, ln
     assert "did not stop within" not in out and "restarting it in" not in out
     assert took < 90, (took, out[-3000:])
