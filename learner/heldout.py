@@ -3,8 +3,9 @@ transformers (`evaluation.hf`), before the first step, every that many steps and
 `heldout.jsonl` and the step's metrics (`heldout_pass_at_1`, `heldout_pass_at_<k>` with k = `run.eval_samples`,
 and `heldout_pass_at_1/<source>` per data source). Prompts are rendered as the actors' are (one too long for
 `actor.max_model_len` is left out: `heldout_left_out`); completions are scored as `brorl eval` scores them, in
-verifier worker processes (`evaluation`), and a verifier that cannot score stops the run with the reason
-rather than reading as wrong answers. `wall_s` counts training time only: from the first group's arrival,
+verifier worker processes (`evaluation`); a verifier that cannot score gives no estimate for that step (an
+error on the console, an `error` row in `heldout.jsonl`) rather than reading as wrong answers, and training
+goes on. `wall_s` counts training time only: from the first group's arrival,
 less the time spent here."""
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ class HeldoutEstimate:
         try:
             res = await asyncio.to_thread(run)
         except EvaluationError as e:  # a verifier that cannot score: no estimate is better than a false one
+            from transport import events
+
             log.error("held-out estimate at step %d cannot be made: %s", version, e)
-            raise
+            events.emit("error", f"held-out estimate at step {version} cannot be made (training goes on "
+                                 f"without it): {e}", fix="see the learner's log; `brorl eval` on a checkpoint "
+                                                          "scores the same prompts")
+            with open_append(Path(self.cfg.run.run_dir) / "heldout.jsonl") as f:
+                f.write(json.dumps({"step": version, "version": version, "error": str(e)}) + "\n")
+            return {}
         p, wall = res["pass_at_1"], 0.0 if self.t_first is None else t0 - self.t_first - self.eval_s
         k = res["k"]
         row = {"step": version, "version": version, "generated": generated, "wall_s": wall,

@@ -311,6 +311,8 @@ class LearnerService(Intake):
                                      f"or data.eval, {self.cfg.run.eval_samples} samples each; run.eval_interval)")
             t0 = time.monotonic()
             m = await self.heldout.run(self.trainer.model, self.tokenizer, self.version, self.generated_total)
+            if not m:  # it could not be made: `learner.heldout` said why
+                return
             events.emit("phase", f"held-out pass@1 at step {self.version}: {100 * m['heldout_pass_at_1']:.1f}% "
                                  f"({time.monotonic() - t0:.0f} s)")
             if report is not None:

@@ -71,6 +71,30 @@ def test_the_learners_estimate_and_brorl_eval_score_user_files_alike(job, monkey
     assert "more than the 63" in ev["left_out_prompts"][0]["reason"]
 
 
+def test_a_verifier_that_cannot_score_costs_the_step_its_estimate_not_the_run(job, monkeypatch, tmp_path):
+    """The learner's estimate meets a verifier error: no metric for that step, an `error` row in heldout.jsonl,
+    an error event for the console — and `run` returns, so training goes on."""
+    import evaluation.hf
+    from learner.heldout import HeldoutEstimate
+    from transport import events
+
+    cfg, model = job
+
+    def broken(*args, **kwargs):
+        raise EvaluationError("could not score 2 of the completions of task t: error: ValueError")
+
+    monkeypatch.setattr(evaluation.hf, "evaluate", broken)
+    monkeypatch.setenv(events.ENV_FILE, str(tmp_path / "events.jsonl"))
+    monkeypatch.setenv(events.ENV_ROLE, "learner")
+    m = asyncio.run(HeldoutEstimate(cfg, None).run(None, None, 7, 0.0))
+    assert m == {}
+    row = json.loads((Path(cfg.run.run_dir) / "heldout.jsonl").read_text().splitlines()[-1])
+    assert row["step"] == 7 and "could not score 2" in row["error"]
+    ev = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["role"], e["level"]) for e in ev] == [("learner", "error")]
+    assert "training goes on" in ev[0]["message"] and "could not score 2" in ev[0]["message"]
+
+
 def test_math_scores_off_the_main_thread_and_a_verifier_error_is_never_a_wrong_answer():
     from verifiers.math import score
 
