@@ -170,11 +170,12 @@ def _routing(picks: list, n_layers: int):
 
 def _router_agreement(llm, model, P, C) -> dict:
     """Share of (token, layer) pairs on which the learner's router picks the same top-k experts as vLLM's, for
-    every token of every sampled sequence. vLLM's choices are read from its model in this process: a hook on
-    each MoE block takes the block's input (the sequence run again as a prefill, prefix caching off) and
-    routes it with the learner's router weights, which the broadcast made the engine's (checksums equal; vLLM's
-    CPU MoE repacks its own and frees the original). vLLM's routed-experts output, the direct way, needs its
-    V2 model runner, which its CPU backend does not have."""
+    every token of every sampled sequence. vLLM's side: a hook on each MoE block of its model (in this process)
+    takes the block's input (the sequence run again as a prefill, prefix caching off) and routes it with the
+    learner's router weights, the ones the broadcast sent (vLLM's CPU MoE leaves its `gate.weight` empty, so
+    the engine's own router weights cannot be read there). This measures drift of the routers' inputs; a stale
+    router in the engine would add to it. vLLM's routed-experts output, the direct way, needs its V2 model
+    runner, which its CPU backend does not have."""
     import torch
     from vllm import SamplingParams
 
