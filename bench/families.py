@@ -52,7 +52,8 @@ def check_family(name: str, workdir: str | Path, seed: int = 0, tokenizer=None) 
     kw = engine_kwargs(cfg.model, cfg.actor, seed=seed)
     # the engine core and its worker in this process (vLLM's "uni" executor): the weight path (collective RPCs
     # into our worker extension, a gloo broadcast) is the actor's, without two interpreters to start per family
-    threads, cpus = torch.get_num_threads(), os.sched_getaffinity(0)  # an in-process engine lowers and pins them
+    # an in-process engine lowers torch's threads, pins the process and makes torch.set_num_threads a no-op
+    threads, cpus, set_threads = torch.get_num_threads(), os.sched_getaffinity(0), torch.set_num_threads
     llm = None
     try:
         with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind"):
@@ -80,7 +81,8 @@ def check_family(name: str, workdir: str | Path, seed: int = 0, tokenizer=None) 
     finally:
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
-        torch.set_num_threads(threads)
+        torch.set_num_threads = set_threads
+        set_threads(threads)
         os.sched_setaffinity(0, cpus)
     t_end = time.perf_counter()
     row.update(passed=max(row["kl_max"], row["kl_max_at_load"]) <= KL_MAX < row["kl_before_update"], build_and_start_s=round(t_engine - t0, 1),

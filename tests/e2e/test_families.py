@@ -22,7 +22,14 @@ def shared_tokenizer():
 @pytest.mark.vllm
 @pytest.mark.parametrize("family", CI_FAMILIES)
 def test_family_logprobs_match_vllm_after_an_update(family, shared_tokenizer, tmp_path):
+    import torch
+
+    threads = torch.get_num_threads()
     row = check_family(family, tmp_path, tokenizer=shared_tokenizer)
+    # the engine ran in this process: the rest of the session keeps its threads
+    torch.set_num_threads(threads + 1)
+    assert torch.get_num_threads() == threads + 1
+    torch.set_num_threads(threads)
     assert row["tokens"] == 4 * 4 * 24
     assert row["kl_max_at_load"] <= KL_MAX, row  # the engine's own checkpoint load
     assert row["kl_max"] <= KL_MAX, row  # after the update
