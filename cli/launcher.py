@@ -47,6 +47,14 @@ PORTS_FREE_S = 60.0  # how long a restarted learner waits for its predecessor's 
 FAILED_STOP_S = (10.0, 5.0)  # (learner, actors) waits after SIGTERM once the job has failed: nothing to finish
 
 
+def refusal(name: str, log: Path | None) -> str:
+    """The one line for an actor that refused to start: its reason from its log where its fatal event did not
+    say it already (the actor's own "actor NAME refuses to start: WHY" said once, not doubled)."""
+    why = _last_error(log) if log is not None else ""
+    why = why.split(" refuses to start: ", 1)[1] if " refuses to start: " in why else why
+    return f"{name} refused to start{': ' + why if why else ''}; stopping the job"
+
+
 class Stop(Exception):
     """SIGTERM or SIGINT reached the launcher: stop the job in order."""
 
@@ -241,9 +249,8 @@ class Launcher:
                 kill_group(p.pid)  # the dead actor's engine and scoring processes
                 if p.returncode == EXIT_REFUSED:  # misconfigured (a verifier failed its self-test): restarting
                     self._tail_events()  # its fatal event (the reason) first
-                    why = "" if name in self.fatal_of else f": {_last_error(self.logs / f'{name}.log')}"
-                    self.refused = f"{name} refused to start{why}"
-                    self._say(f"[brorl run] {self.refused}; stopping the job")  # restarting cannot help
+                    self.refused = refusal(name, None if name in self.fatal_of else self.logs / f"{name}.log")
+                    self._say(f"[brorl run] {self.refused}")  # restarting cannot help
                     return
                 lived = now - self._started_at[name]
                 n = 0 if lived > 600 else self.restarts_of.get(name, 0)
