@@ -89,6 +89,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
+        reprepack_cpu_moe(self.model)
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.pg is None:
@@ -113,6 +114,35 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         """Abstract in vLLM 0.26's base class (absent in 0.32): our trainer side is
         `transport.weights.WeightBroadcaster`, so this engine never sends."""
         raise NotImplementedError("brorl learners send with transport.weights.WeightBroadcaster")
+
+
+def reprepack_cpu_moe(model: torch.nn.Module) -> int:
+    """Put the CPU MoE kernels' expert weights back into their packed layout after a reload; returns the
+    number of MoE layers repacked.
+
+    vLLM's CPU experts prepack `w13_weight`/`w2_weight` into a grouped-gemm layout on the first load only: on a
+    reload the unquantized MoE method copies the new, unpacked weights into the packed tensors' storage and skips
+    the prepack, so the kernel would read plain weights as packed ones (a model that trains wrong, not one that
+    fails). GPU kernels do not prepack; nothing to do there."""
+    try:
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without CPU MoE experts (the CUDA build keeps them elsewhere, unused on GPUs)
+        return 0
+    done = 0
+    for layer in model.modules():
+        kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
+            continue
+        if experts._padded_intermediate_size(experts.moe_config) != experts.moe_config.intermediate_size_per_partition:
+            raise RuntimeError(f"{type(layer).__name__}: vLLM's CPU MoE pads this model's intermediate size, and an "
+                               "in-place weight update cannot be repacked for it; use a GPU actor for this model")
+        for name in ("w13_weight", "w2_weight"):
+            param = getattr(layer, name)
+            param.data.copy_(cpu_prepack_moe_weight(param.data.contiguous(), experts.isa))
+        done += 1
+    return done
 
 
 class NcclWeightTransferEngine(GlooWeightTransferEngine):
