@@ -125,6 +125,9 @@ class Snapshot:
     """Nonce of the learner process: a different one than before means the learner restarted."""
     hello_needed: bool = False
     """The learner does not know this actor (any more): it must say hello before its messages count."""
+    computing: int = 0
+    """The step the learner is computing now (`actor.share_gpu = "timeshare"`: engines on its GPU pause until
+    it ends), 0 while it waits for groups."""
 
 
 @dataclass
@@ -134,7 +137,8 @@ class Control:
     kind: str
     """One of CONTROL_KINDS."""
     payload: dict[str, Any] = field(default_factory=dict)
-    """Kind-specific: version {version}; swap {name, path}; sync_ack {token}; weights {rendezvous}."""
+    """Kind-specific: version {version}; swap {name, path}; sync_ack {token}; weights {rendezvous}; compute
+    {step}: the learner starts computing step `step` (0: it ended and waits for groups)."""
     epoch: str = ""
     """Nonce of the learner process that published it (seq counts per epoch)."""
 
