@@ -72,8 +72,9 @@ class Heartbeat:
     stats: dict[str, float] = field(default_factory=dict)
     """Cumulative actor counters (name -> number): samples, tokens, groups_sent, aborted, updates,
     engine_restarts, idle_s (seconds the engine had no request, any reason), idle_weight_s (the part
-    spent loading weights or gated by max_staleness), update_s (receiving and loading weights) and score_s
-    (groups in the verifier pool)."""
+    spent loading weights or gated by max_staleness), held_s (paused for the learner's compute, `actor.share_gpu
+    = "timeshare"`; never counted in idle_s), update_s (receiving and loading weights) and score_s (groups in the
+    verifier pool)."""
     group: str = ""
     """The weight group (rendezvous name) the actor has joined or is joining, "" if none: the learner
     leaves a member that never names the group it was called to out of the next one."""
