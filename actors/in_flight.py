@@ -145,7 +145,7 @@ class InFlightPolicy:
         self.sync.begin_update()  # from here no new generation starts
         keep = self.mode == "keep" and self.load.generating > 0
         if not keep:  # the learner's hold (timeshare) ends: what is in flight finishes or is aborted running
-            await self.gate.release("learner")
+            await _quietly(self.gate.release("learner"))
         if self.mode == "abort" and inflight:
             await engine.abort(list(inflight))
         if keep:
