@@ -255,6 +255,8 @@ def main() -> None:
         cases = parse_cases(a.cases, ap.error)
     raws, earlier = {}, []
     if a.raw_from:
+        if not Path(a.raw_from).is_file():
+            ap.error(f"--raw-from {a.raw_from}: no such result file; run the raw engine first (a run without it)")
         prior = json.loads(Path(a.raw_from).read_text())
         raws = {int(r["n"]): r for r in prior["raw"]}
         earlier = [{**r, "from": a.raw_from} for r in prior["runs"]]
