@@ -242,6 +242,8 @@ def main() -> None:
     if a.quick:
         a.shape, a.steps = "small", 6
     a.overrides = overrides(a.set)  # parsed once, before any engine starts
+    if a.raw_from and not Path(a.raw_from).is_file():
+        ap.error(f"--raw-from {a.raw_from}: no such result file; run the raw engine first (a run without it)")
     if a.share_gpu:
         a.overrides = {"actor.gpus": [0], "transport.weight_backend": "gloo", "actor.kv_cache_gib": 24,
                        "actor.gpu_memory_utilization": 0.45, **a.overrides}
@@ -255,8 +257,6 @@ def main() -> None:
         cases = parse_cases(a.cases, ap.error)
     raws, earlier = {}, []
     if a.raw_from:
-        if not Path(a.raw_from).is_file():
-            ap.error(f"--raw-from {a.raw_from}: no such result file; run the raw engine first (a run without it)")
         prior = json.loads(Path(a.raw_from).read_text())
         raws = {int(r["n"]): r for r in prior["raw"]}
         earlier = [{**r, "from": a.raw_from} for r in prior["runs"]]
