@@ -183,7 +183,7 @@ def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
     aborted = (m[-1].get("actor_aborted_stale", 0.0) - prev.get("actor_aborted_stale", 0.0)) / actors
     steps = (m[-1].get("actor_engine_steps", 0.0) - prev.get("actor_engine_steps", 0.0)) / actors
     tokens = sum(r.get("tokens", 0.0) for r in steady)  # completion tokens, as the raw engine's tokens_per_s
-    return {"actors": actors, "steps": len(m), "samples_per_s": gen / loop, "per_actor_samples_per_s": gen / loop / actors,
+    return {"actors": actors, "steps": len(m), "samples_per_s": gen / loop, "generated_per_step": gen / len(steady), "per_actor_samples_per_s": gen / loop / actors,
             "per_actor_tokens_per_s": tokens / loop / actors,
             # engine steps a second while the actor had work: a step slower than the raw engine's at the same
             # load is time lost inside the actor's process or engine, not in the loop's grants
@@ -321,14 +321,14 @@ def parse_cases(text: str, error) -> list[tuple[int, int, str, str]]:
 
 
 def timeshare_bound(runs: list[dict], raws: dict) -> None:
-    """Each run's best time-shared rate: a step's samples over their raw generation seconds plus the learner's
-    standalone seconds a step (a "timeshare" run's train_s at the same N, whose engine was paused meanwhile;
-    else the run's own)."""
+    """Each run's best time-shared rate: a step's samples (generated, kept or not) over their raw generation
+    seconds plus the learner's standalone seconds a step (a "timeshare" run's train_s at the same N, whose
+    engine was paused meanwhile; else the run's own)."""
     for r in runs:
         alone = [t["train_s_per_step"] for t in runs if t["n"] == r["n"] and t.get("share_gpu") == "timeshare"]
         r["learner_alone_s_per_step"] = alone[-1] if alone else r["train_s_per_step"]
         r["learner_alone_from"] = "timeshare run" if alone else "this run"
-        samples = r["prompts_per_step"] * r["n"]
+        samples = r.get("generated_per_step") or r["prompts_per_step"] * r["n"]  # as samples_per_s counts them
         r["timeshare_bound_samples_per_s"] = samples / (samples / raws[r["n"]]["samples_per_s"]
                                                         + r["learner_alone_s_per_step"])
 
