@@ -158,7 +158,7 @@ class Actor:
                  for name, path in snap.verifiers.items() if self.verifiers.path(name) != path]
         if snap.weights:  # a rendezvous published while we were joining: it may be waiting for us
             self.sync.on_rendezvous(snap.weights)
-        return swaps
+        return swaps + [self.tasks.spawn(self.in_flight_policy.learner_computes(snap.computing), "compute")]
 
     async def swap_verifier(self, name: str, path: str) -> bool:
         """Replace (or add) a verifier (`ActorVerifiers.swap`), or keep the old one and say why (log, heartbeat)."""
@@ -184,6 +184,8 @@ class Actor:
                 self.tasks.spawn(self.swap_verifier(msg.payload["name"], msg.payload["path"]), "swap")
             elif msg.kind in ("pause", "resume"):
                 self.paused = msg.kind == "pause"
+            elif msg.kind == "compute":  # in order with "version": a step's hold ends with its weights
+                await self.in_flight_policy.learner_computes(int(msg.payload["step"]))
             elif msg.kind == "stop":  # the learner is finishing: nothing more will be acknowledged
                 self._learner_stopped = True
                 self.stopping.set()
@@ -260,7 +262,7 @@ class Actor:
             await self.sockets.work.send(wire.Heartbeat(
                 self.actor_id, self.sync.version, len(self.inflight), len(self.sockets.rollouts.unacked),
                 self.sync.checksum, self.verifiers.in_force(), self.last_error,
-                self.stats.heartbeat(self.load.idle_s()), self.sync.group))
+                self.stats.heartbeat(self.load.idle_s(), self.load.held_s()), self.sync.group))
 
 
 def main(cfg: BrorlConfig, actor_id: str, endpoints: Endpoints) -> int:

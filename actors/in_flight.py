@@ -7,6 +7,9 @@
             slowest sequence of a step. A request the update would leave more than `max_staleness`
             versions behind is aborted first (the learner would drop its group).
 
+Pausing goes through `actors.timeshare.EngineGate`, which the learner's hold (`actor.share_gpu =
+"timeshare"`) shares: a step's hold passes into that step's update and ends when its weights are in.
+
 Under "keep" a completion can be sampled by several versions. Just before new weights load (the engine
 paused), the workers report how many tokens each request holds (`WeightReceiver.output_counts`): exactly
 the tokens the outgoing weights sampled. `TokenVersions` turns these marks into each token's version,
@@ -25,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from actors.timeshare import EngineGate
 from transport.staleness import fresh
 from transport.weights import WeightReceiver
 
@@ -101,15 +105,19 @@ class InFlightPolicy:
     """`actor.in_flight_on_update`: how an announced weight update meets the requests in flight (keep them with
     per-token versions, let them finish first, or abort them), and applying the update to the engine so."""
 
-    def __init__(self, cfg, supervisor, sync, load, stats, versions: TokenVersions, on_error: Callable[[str], Any]):
+    def __init__(self, cfg, supervisor, sync, load, stats, versions: TokenVersions, on_error: Callable[[str], Any],
+                 gate: EngineGate | None = None):
         self.mode = cfg.actor.in_flight_on_update
         self.max_staleness = cfg.job.max_staleness
         self.supervisor, self.sync, self.load, self.stats = supervisor, sync, load, stats
         self.versions, self.on_error = versions, on_error
+        self.gate = gate or EngineGate(lambda: supervisor.engine, load)  # pauses: updates, the learner's compute
+        self.timeshare = cfg.actor.share_gpu == "timeshare"
 
     async def track(self, engine) -> None:
         """With in-flight updates the engine counts each request's tokens (their versions); a vLLM that
-        cannot (or cannot pause keeping requests) falls back to "finish", loudly."""
+        cannot (or cannot pause keeping requests) falls back to "finish", loudly. A new engine is not paused."""
+        self.gate.reset()
         if self.mode == "keep" and not (hasattr(engine, "pause_generation")
                                         and await WeightReceiver(engine).track_requests()):
             self.mode = "finish"
@@ -117,11 +125,27 @@ class InFlightPolicy:
                           "requests, or no per-request token counts in its model runner; vLLM's V2 GPU model runner "
                           "has none: VLLM_USE_V2_MODEL_RUNNER=0): falling back to \"finish\"")
 
+    async def learner_computes(self, step: int) -> None:
+        """`actor.share_gpu = "timeshare"`: the learner computes `step` (0: nothing, it waits for groups), so the
+        engine pauses, requests kept, until that step's weights are in or the learner says it is done."""
+        if not self.timeshare:
+            return
+        try:
+            if step:
+                await self.gate.hold("learner", step)
+            else:
+                await self.gate.release("learner")
+        except Exception as e:  # a dead engine is the supervisor's (a rebuilt one is not paused)
+            if not self.supervisor.check(e):
+                self.on_error(f"engine pause/resume for the learner's step {step} failed: {type(e).__name__}: {e}")
+
     async def apply(self, target: int, inflight: dict[str, Any]) -> None:
         engine = self.supervisor.engine
         t0 = time.monotonic()
         self.sync.begin_update()  # from here no new generation starts
         keep = self.mode == "keep" and self.load.generating > 0
+        if not keep:  # the learner's hold (timeshare) ends: what is in flight finishes or is aborted running
+            await _quietly(self.gate.release("learner"))
         if self.mode == "abort" and inflight:
             await engine.abort(list(inflight))
         if keep:
@@ -129,7 +153,7 @@ class InFlightPolicy:
             if stale:  # their groups would be dropped as too stale: give the prompts back now
                 await engine.abort(stale)
                 self.stats.aborted_stale += len(stale)
-            await engine.pause_generation(mode="keep", clear_cache=False)
+            await self.gate.hold("update")  # already paused if the learner holds it (timeshare): stays so
         else:
             await self.load.idle.wait()  # in-flight generation finished (or aborted)
         t_idle = time.monotonic()  # from here the engine has nothing to do until the weights are in
@@ -147,9 +171,10 @@ class InFlightPolicy:
                 self.stats.kept_updates += 1
             else:
                 await engine.reset_prefix_cache()
+            await _quietly(self.gate.release("learner", upto=self.sync.version))  # that step's weights are in
         finally:
             if keep:
-                await _quietly(engine.resume_generation())
+                await _quietly(self.gate.release("update"))
         self.stats.updates += 1
         self.stats.idle_weight_s += time.monotonic() - t_idle
         self.stats.update_s += time.monotonic() - t0

@@ -110,13 +110,13 @@ class ActorStats:
     gauge: EngineGauge = field(default_factory=EngineGauge)
     """What the engine ran, step by step (vLLM's scheduler stats)."""
 
-    def heartbeat(self, idle_s: float) -> dict[str, float]:
+    def heartbeat(self, idle_s: float, held_s: float = 0.0) -> dict[str, float]:
         """The counters a heartbeat carries (`wire.Heartbeat.stats`)."""
         return {**self.gauge.counters(), "samples": self.samples, "tokens": self.tokens, "groups_sent": self.groups_sent,
                 "aborted": self.aborted, "updates": self.updates, "engine_restarts": self.engine_restarts,
                 "rejected_groups": self.rejected, "idle_s": idle_s, "idle_weight_s": self.idle_weight_s,
                 "kept_updates": self.kept_updates, "aborted_stale": self.aborted_stale, "capped_waves": self.capped_waves,
-                "update_s": self.update_s, "score_s": self.score_s}
+                "update_s": self.update_s, "score_s": self.score_s, "held_s": held_s}
 
 
 class WaveBudget:
@@ -140,33 +140,55 @@ class WaveBudget:
 
 
 class EngineLoad:
-    """How many generate() calls are running, an event set while none is, and the engine's idle seconds
-    (no request at all, any reason) counted from `start_clock()` on."""
+    """How many generate() calls are running, an event set while none is, and from `start_clock()` on the
+    engine's idle seconds (no request at all, any reason) and held seconds (paused for the learner's compute,
+    `actor.share_gpu = "timeshare"`, requests or not): the two never overlap."""
 
     def __init__(self):
         self.generating = 0
+        self.held = False
         self.idle = asyncio.Event()
         self.idle.set()
         self._idle_s = 0.0
-        self._idle_since: float | None = None  # None: busy, or the clock has not started
+        self._held_s = 0.0
+        self._since: float | None = None  # start of the current stretch; None: the clock has not started
+
+    def _count(self) -> None:
+        """The stretch since the last change, to the seconds of the state it was in."""
+        if self._since is None:
+            return
+        now = time.monotonic()
+        if self.held:
+            self._held_s += now - self._since
+        elif self.generating == 0:
+            self._idle_s += now - self._since
+        self._since = now
 
     def start_clock(self) -> None:
-        self._idle_since = time.monotonic()
+        self._since = time.monotonic()
 
     def begin(self) -> None:
-        if self.generating == 0 and self._idle_since is not None:
-            self._idle_s += time.monotonic() - self._idle_since
-            self._idle_since = None
+        self._count()
         self.generating += 1
         self.idle.clear()
 
     def end(self) -> None:
+        self._count()
         self.generating -= 1
         if self.generating == 0:
             self.idle.set()
-            self._idle_since = time.monotonic()
+
+    def hold(self, on: bool) -> None:
+        """The engine is paused for the learner's compute (`on`), or no longer."""
+        self._count()
+        self.held = on
 
     def idle_s(self) -> float:
         """Idle seconds so far, the current idle stretch included."""
-        now = time.monotonic()
-        return self._idle_s + (now - self._idle_since if self._idle_since is not None and self.generating == 0 else 0.0)
+        self._count()
+        return self._idle_s
+
+    def held_s(self) -> float:
+        """Held seconds so far, the current stretch included."""
+        self._count()
+        return self._held_s

@@ -6,6 +6,8 @@ its own, and where each step's time goes.
     python -m bench.e2e --shape qwen2-1.5b --actors 3 --p3   # and N = 512 against N = 16, keep against finish
     python -m bench.e2e --shape qwen2-1.5b --learner-gpus 2 --actors 1   # the learner on GPUs 0-1 (ZeRO-2)
     python -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep --share-gpu  # one GPU, learner and actor on it
+    python -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep:timeshare --share-gpu   # ... taking turns on it
+    python -m bench.e2e ... --cases 1:16:keep:corun --raw-from bench/results/e2e_X.json  # X's raw engine, runs
 
 Model: `tinymodel.shaped` (random weights of a real model's shape, a tokenizer of its whole vocabulary),
 built once under runs/bench/e2e/. Task: `throughput:0.5:<prompt chars>` (a set pass rate, so a random
@@ -18,6 +20,11 @@ model yields kept groups); completion budgets log-normal (`actor.length_dist`), 
   own GPU; steady-state samples/s over
   the learner's loop (steps from `WARM` on), per actor against raw; and per step: the learner's waiting,
   training and broadcasting, the actors' (mean per actor) idle time, weight loading and scoring.
+- a case's 4th field, `actor.share_gpu`: "corun" (the engine generates while the learner trains) or "timeshare"
+  (it pauses meanwhile). Each run's `timeshare_bound_samples_per_s` is what taking turns could reach at best:
+  a step's samples over (their raw generation time + the learner's standalone train seconds a step), the
+  latter from a "timeshare" run at the same N (its learner trains with the engine paused) when there is one.
+  `--raw-from`: the raw engine rows (and runs, for that bound) of an earlier result, instead of a raw phase.
 - `--p3`: N = 512 (1 prompt per step) against N = 16 (32 prompts), the same samples per step and the same
   long-tailed budgets, with `actor.in_flight_on_update` "keep" and "finish"; 1 learner + 1 actor each (two
   jobs side by side on 4 GPUs), and the raw engine at both N.
@@ -172,16 +179,19 @@ def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
         per_step.append({"step": b["step"], "wait_s": b["wait_s"], "train_s": b["train_s"],
                          "broadcast_s": b["broadcast_s"], **{f"actor_{k}": v for k, v in d.items()}})
     idle = (m[-1].get("actor_idle_s", 0.0) - prev.get("actor_idle_s", 0.0)) / actors
+    held = (m[-1].get("actor_held_s", 0.0) - prev.get("actor_held_s", 0.0)) / actors  # paused for the learner
     aborted = (m[-1].get("actor_aborted_stale", 0.0) - prev.get("actor_aborted_stale", 0.0)) / actors
     steps = (m[-1].get("actor_engine_steps", 0.0) - prev.get("actor_engine_steps", 0.0)) / actors
     tokens = sum(r.get("tokens", 0.0) for r in steady)  # completion tokens, as the raw engine's tokens_per_s
-    return {"actors": actors, "steps": len(m), "samples_per_s": gen / loop, "per_actor_samples_per_s": gen / loop / actors,
+    return {"actors": actors, "steps": len(m), "samples_per_s": gen / loop, "generated_per_step": gen / len(steady), "per_actor_samples_per_s": gen / loop / actors,
             "per_actor_tokens_per_s": tokens / loop / actors,
             # engine steps a second while the actor had work: a step slower than the raw engine's at the same
             # load is time lost inside the actor's process or engine, not in the loop's grants
             "engine_steps_per_busy_s": steps / max(1e-9, loop - idle),
             "aborted_stale_requests": aborted,  # per actor, steady state: generation thrown away at updates (keep)
-            "actor_idle_share": idle / loop, "learner_wait_share": sum(r["wait_s"] for r in steady) / loop,
+            "actor_idle_share": idle / loop, "actor_held_share": held / loop,
+            "engine_idle_share": (idle + held) / loop,  # not generating: no request, or held for the learner
+            "learner_wait_share": sum(r["wait_s"] for r in steady) / loop,
             "train_s_per_step": sum(r["train_s"] for r in steady) / len(steady),
             "broadcast_s_per_step": sum(r["broadcast_s"] for r in steady) / len(steady),
             "kept_share": sum(r["groups_kept"] for r in steady) / max(1, sum(r["groups_received"] for r in steady)),
@@ -201,8 +211,9 @@ def main() -> None:
     ap.add_argument("--actors", type=int, nargs="*", default=[1], help="P1: runs with this many actors (N = 16)")
     ap.add_argument("--p3", action="store_true", help="also N = 512 against N = 16, updates kept against finished "
                     "(1 learner + 1 actor each; two at a time side by side where there are 4 GPUs)")
-    ap.add_argument("--cases", default="", help="instead of --actors/--p3: ACTORS:N:keep|finish, comma-separated, "
-                    "run in this order (consecutive 1-actor cases side by side where there are 4 GPUs)")
+    ap.add_argument("--cases", default="", help="instead of --actors/--p3: ACTORS:N:keep|finish[:corun|timeshare] "
+                    "(the last: actor.share_gpu), comma-separated, run in this order (consecutive 1-actor cases side "
+                    "by side where there are 4 GPUs)")
     ap.add_argument("--learner-gpus", type=int, default=1, help="the learner's GPUs (ZeRO-2 ranks) in every run; "
                     "enough of them that the learner outpaces the actors makes the run a test of generation")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -215,6 +226,8 @@ def main() -> None:
                          "engine full instead of draining it to one prompt's longest completion)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--raw-steps", type=int, default=4, help="steps' worth of prompts the raw engine generates")
+    ap.add_argument("--raw-from", default="", help="an earlier result JSON: its raw engine rows (no raw phase here) "
+                    "and its runs (for the time-sharing bound; shown beside this one's)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--raw-case", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -229,22 +242,27 @@ def main() -> None:
     if a.quick:
         a.shape, a.steps = "small", 6
     a.overrides = overrides(a.set)  # parsed once, before any engine starts
+    if a.raw_from and not Path(a.raw_from).is_file():
+        ap.error(f"--raw-from {a.raw_from}: no such result file; run the raw engine first (a run without it)")
     if a.share_gpu:
         a.overrides = {"actor.gpus": [0], "transport.weight_backend": "gloo", "actor.kv_cache_gib": 24,
                        "actor.gpu_memory_utilization": 0.45, **a.overrides}
     gpu = a.shape != "small"
     gpus = _gpus() if gpu else 0
     model = model_dir(a.shape)
-    cases = [(n_act, 16, "keep") for n_act in a.actors]
+    cases = [(n_act, 16, "keep", "") for n_act in a.actors]
     if a.p3:
-        cases += [(1, n, up) for n in (512, 16) for up in ("keep", "finish") if (1, n, up) not in cases]
+        cases += [(1, n, up, "") for n in (512, 16) for up in ("keep", "finish") if (1, n, up, "") not in cases]
     if a.cases:
-        try:
-            cases = [(int(x), int(n), up) for x, n, up in (c.split(":") for c in a.cases.split(","))]
-        except ValueError:
-            ap.error(f"--cases {a.cases!r}: expected ACTORS:N:keep|finish, comma-separated")
-    raws = {}
-    for n in sorted({n for _, n, _ in cases}):
+        cases = parse_cases(a.cases, ap.error)
+    raws, earlier = {}, []
+    if a.raw_from:
+        prior = json.loads(Path(a.raw_from).read_text())
+        raws = {int(r["n"]): r for r in prior["raw"]}
+        earlier = [{**r, "from": a.raw_from} for r in prior["runs"]]
+        if missing := sorted({n for _, n, _, _ in cases} - set(raws)):
+            ap.error(f"--raw-from {a.raw_from}: no raw engine row for N = {missing}; run those N there first")
+    for n in sorted({n for _, n, _, _ in cases} - set(raws)):
         preset, over = job(a.shape, 1, a.steps, model, n=n, samples=a.samples_per_step)
         over.update(a.overrides)
         raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["job.prompts_per_step"],
@@ -258,29 +276,61 @@ def main() -> None:
             batch.append(todo.pop(0))  # two L + 1 jobs at once, each on its own half of the GPUs
         with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
             futs = [pool.submit(_one, a, model, c, (a.learner_gpus + 1) * i) for i, c in enumerate(batch)]
-            for f, (n_act, n, up) in zip(futs, batch):
+            for f, (n_act, n, up, share) in zip(futs, batch):
                 r = f.result()
                 r["of_raw"] = r["per_actor_samples_per_s"] / raws[n]["samples_per_s"]
                 r["busy_of_raw"] = r["of_raw"] / max(1e-9, 1 - r["actor_idle_share"])
                 of_raw_tokens(r, raws[n])
                 r["side_by_side"] = len(batch) > 1
                 runs.append(r)
-                print(f"{n_act} actor(s), N = {n}, {up}: {r['samples_per_s']:.1f} samples/s, "
-                      f"{100 * r['of_raw']:.0f} % of raw per actor", file=sys.stderr)
-        path = _write(a, model, raws, runs)  # after every batch: a sweep cut short keeps what finished
+                timeshare_bound(runs + earlier, raws)
+                print(f"{n_act} actor(s), N = {n}, {up}, {r['share_gpu']}: {r['samples_per_s']:.1f} samples/s, "
+                      f"{100 * r['of_raw']:.0f} % of raw per actor, engine not generating "
+                      f"{100 * r['engine_idle_share']:.0f} %, learner {r['train_s_per_step']:.1f} s/step", file=sys.stderr)
+        path = _write(a, model, raws, runs + earlier)  # after every batch: a sweep cut short keeps what finished
     print("\nRaw engine (one " + ("GPU" if gpu else "CPU engine") + ")")
     print(table(list(raws.values()), ["n", "prompts", "samples", "samples_per_s", "tokens_per_s", "engine_steps_per_s",
                                       "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use", "mean_prefill_steps",
                                       "mean_gen_tokens", "full_tokens_per_s", "full_s", "full_running_seqs"]))
     print("\nbrorl run (steady state)")
-    print(table(runs, ["learner_gpus", "actors", "n", "update", "side_by_side", "samples_per_s", "per_actor_samples_per_s", "of_raw",
-                       "actor_idle_share", "busy_of_raw", "tokens_of_raw", "busy_tokens_of_raw", "busy_tokens_of_full_raw",
+    runs += earlier
+    print(table(runs, ["learner_gpus", "actors", "n", "update", "share_gpu", "side_by_side", "samples_per_s",
+                       "per_actor_samples_per_s", "of_raw", "timeshare_bound_samples_per_s", "engine_idle_share",
+                       "actor_held_share", "learner_alone_s_per_step", "actor_idle_share", "busy_of_raw", "tokens_of_raw", "busy_tokens_of_raw", "busy_tokens_of_full_raw",
                        "engine_steps_per_busy_s", "learner_wait_share", "train_s_per_step",
                        "broadcast_s_per_step", "kept_share", "aborted_stale_requests", "learner_mfu",
                        "compiled_frames_after_step_1", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use",
                        "mean_prefill_steps", "mean_gen_tokens"]))
     path = _write(a, model, raws, runs)
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
+
+
+def parse_cases(text: str, error) -> list[tuple[int, int, str, str]]:
+    """`--cases`: ACTORS:N:keep|finish[:corun|timeshare], comma-separated ("": the config's actor.share_gpu)."""
+    out = []
+    for c in text.split(","):
+        f = c.split(":")
+        try:
+            n_act, n, up, share = int(f[0]), int(f[1]), f[2], (f[3] if len(f) == 4 else "")
+        except (ValueError, IndexError):
+            n_act = -1
+        if n_act < 1 or len(f) > 4 or up not in ("keep", "finish", "abort") or share not in ("", "corun", "timeshare"):
+            error(f"--cases {c!r}: expected ACTORS:N:keep|finish[:corun|timeshare], comma-separated")
+        out.append((n_act, n, up, share))
+    return out
+
+
+def timeshare_bound(runs: list[dict], raws: dict) -> None:
+    """Each run's best time-shared rate: a step's samples (generated, kept or not) over their raw generation
+    seconds plus the learner's standalone seconds a step (a "timeshare" run's train_s at the same N, whose
+    engine was paused meanwhile; else the run's own)."""
+    for r in runs:
+        alone = [t["train_s_per_step"] for t in runs if t["n"] == r["n"] and t.get("share_gpu") == "timeshare"]
+        r["learner_alone_s_per_step"] = alone[-1] if alone else r["train_s_per_step"]
+        r["learner_alone_from"] = "timeshare run" if alone else "this run"
+        samples = r.get("generated_per_step") or r["prompts_per_step"] * r["n"]  # as samples_per_s counts them
+        r["timeshare_bound_samples_per_s"] = samples / (samples / raws[r["n"]]["samples_per_s"]
+                                                        + r["learner_alone_s_per_step"])
 
 
 def of_raw_tokens(r: dict, raw_row: dict) -> None:
@@ -327,15 +377,18 @@ def _gpus() -> int:
     return torch.cuda.device_count()
 
 
-def _one(a, model: str, case: tuple[int, int, str], first_gpu: int) -> dict:
-    n_act, n, up = case
+def _one(a, model: str, case: tuple[int, int, str, str], first_gpu: int) -> dict:
+    n_act, n, up, share = case
     preset, over = job(a.shape, n_act, a.steps, model, n=n, update=up, first_gpu=first_gpu,
                        learner_gpus=a.learner_gpus, samples=a.samples_per_step)
     over.update(a.overrides)
+    if share:
+        over["actor.share_gpu"] = share
     if a.shape == "small":
         over = {k: v for k, v in over.items() if k not in ("learner.gpus", "actor.gpus", "learner.devices", "learner.device")}
-    r = run_case(preset, over, n_act, f"run-{a.learner_gpus}-{n_act}-n{n}-{up}")
-    return {"learner_gpus": a.learner_gpus, "n": n, "update": up, "prompts_per_step": over["job.prompts_per_step"], **r}
+    r = run_case(preset, over, n_act, f"run-{a.learner_gpus}-{n_act}-n{n}-{up}" + (f"-{share}" if share else ""))
+    return {"learner_gpus": a.learner_gpus, "n": n, "update": up, "share_gpu": over.get("actor.share_gpu", "corun"),
+            "prompts_per_step": over["job.prompts_per_step"], **r}
 
 
 def _plot(raws: dict, runs: list[dict], out: Path, device: str | None = None) -> None:
@@ -348,7 +401,8 @@ def _plot(raws: dict, runs: list[dict], out: Path, device: str | None = None) ->
 
     fig, axes = plt.subplots(1, 1 + len(runs), figsize=(4.5 * (1 + len(runs)), 3.8))
     ax = axes[0]
-    labels = [f"raw\nN={n}" for n in raws] + [f"{r.get('learner_gpus', 1)}L+{r['actors']}A N={r['n']}\n{r['update']}" for r in runs]
+    labels = [f"raw\nN={n}" for n in raws] + [f"{r.get('learner_gpus', 1)}L+{r['actors']}A N={r['n']}\n{r['update']} "
+                                              f"{r.get('share_gpu', '')}" for r in runs]
     ax.bar(labels, [r["samples_per_s"] for r in raws.values()] + [r["per_actor_samples_per_s"] for r in runs])
     ax.set_ylabel("samples/s (per actor)")
     ax.tick_params(axis="x", labelsize=6)
@@ -360,14 +414,16 @@ def _plot(raws: dict, runs: list[dict], out: Path, device: str | None = None) ->
             ax.bar([s - 0.2 for s in steps], v, 0.4, bottom=bottom, label=lab)
             bottom = [b + x for b, x in zip(bottom, v)]
         lo = [0.0] * len(steps)
-        gen = [max(0.0, p["wait_s"] + p["train_s"] + p["broadcast_s"] - p["actor_update_s"] - p["actor_idle_s"])
-               for p in r["per_step"]]
-        for k, lab in (("gen", "actor: generating"), ("actor_update_s", "actor: load weights"), ("actor_idle_s", "actor: idle")):
-            v = gen if k == "gen" else [p[k] for p in r["per_step"]]
+        gen = [max(0.0, p["wait_s"] + p["train_s"] + p["broadcast_s"] - p["actor_update_s"] - p["actor_idle_s"]
+                   - p.get("actor_held_s", 0.0)) for p in r["per_step"]]
+        for k, lab in (("gen", "actor: generating"), ("actor_update_s", "actor: load weights"),
+                       ("actor_held_s", "actor: held for the learner"), ("actor_idle_s", "actor: idle")):
+            v = gen if k == "gen" else [p.get(k, 0.0) for p in r["per_step"]]
             ax.bar([s + 0.2 for s in steps], v, 0.4, bottom=lo, label=lab, hatch="//")
             lo = [b + x for b, x in zip(lo, v)]
         ax.plot(steps, [p["actor_score_s"] for p in r["per_step"]], "k.", label="actor: scoring (overlaps)")
-        ax.set_xlabel(f"step ({r.get('learner_gpus', 1)} learner GPU(s), {r['actors']} actor(s), N = {r['n']}, {r['update']})")
+        ax.set_xlabel(f"step ({r.get('learner_gpus', 1)} learner GPU(s), {r['actors']} actor(s), N = {r['n']}, "
+                      f"{r['update']}, {r.get('share_gpu', 'corun')})")
         ax.set_ylabel("seconds")
         ax.legend(fontsize=6)
     st = stamp()

@@ -102,6 +102,13 @@ class ActorConfig(Section):
     slowest sequence; every token then carries the version that sampled it (the GPU presets' choice;
     a request the update would leave more than `job.max_staleness` behind is aborted)."""
 
+    share_gpu: Literal["corun", "timeshare"] = "corun"
+    """How an actor's engine shares the GPU with the learner (one card for both, `config/placement.py`; on
+    separate GPUs "corun"): "corun" generates while the learner trains; "timeshare" pauses generation (requests
+    kept, vLLM `pause_generation`) while the learner computes a step and resumes when that step's weights are
+    loaded (or the learner ends the step with no weights to send): each then runs at its standalone speed.
+    The learner tells the actors (control kind "compute"); per-token versions are as with any update."""
+
     quantization: Literal["none", "fp8"] = "none"
     """The engine's weights: "fp8" has vLLM quantize the bf16 weights to FP8 (per tensor) as it loads them, and
     again at every update (vLLM's layerwise reload re-runs the quantization after the update's bf16 tensors

@@ -92,12 +92,13 @@ def read(path: str | Path) -> list[dict]:
     return rows
 
 
-ACTOR_COUNTERS = ("idle_s", "update_s", "score_s", "aborted", "aborted_stale", "capped_waves", "engine_steps",
+ACTOR_COUNTERS = ("idle_s", "held_s", "update_s", "score_s", "aborted", "aborted_stale", "capped_waves", "engine_steps",
                   "running_seqs", "waiting_seqs", "kv_use", "prefill_steps", "gen_tokens")
 """The actors' heartbeat counters every metrics row carries (`actor_<name>`, summed over the actors, cumulative):
-idle, weight-update and scoring seconds, requests aborted (by an update; as too stale for it), second waves
-capped by `job.step_sample_budget`, and the engines' steps with the sums over them of running and waiting
-sequences, KV-cache use, generated tokens and prefill steps (`actors.stats.EngineGauge`)."""
+idle, held (paused for the learner's compute, `actor.share_gpu`), weight-update and scoring seconds, requests
+aborted (by an update; as too stale for it), second waves capped by `job.step_sample_budget`, and the engines'
+steps with the sums over them of running and waiting sequences, KV-cache use, generated tokens and prefill steps
+(`actors.stats.EngineGauge`)."""
 
 
 def loop_seconds(rows: list[dict]) -> float:

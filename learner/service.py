@@ -157,9 +157,11 @@ class LearnerService(Intake):
             batch = await self.batcher.next_batch(self.version, self._interrupted)  # admit → dyn. sampling → B groups
             report.lap("wait_s")
             if batch is not None:
+                await self.computing(self.version + 1)    # actor.share_gpu "timeshare": engines pause
                 await self.train_on(batch, report)        # advantages → PPO + TIS → version + 1
             report.lap("train_s")
             await self.publish_weights()                  # broadcast: to every member that lacks this version
+            await self.computing(0)                       # (a step's pause ends with its weights, at the latest here)
             report.lap("broadcast_s")
             if batch is None:
                 continue                                  # a member joined (and got the weights), or stop
@@ -169,6 +171,12 @@ class LearnerService(Intake):
             self.metrics.write(self.version, report.row())
             await self.stop_if_numerics_failed()
             report = StepReport()
+
+    async def computing(self, step: int) -> None:
+        """`actor.share_gpu = "timeshare"`: tell the actors the learner computes `step` now (0: it waits for
+        groups again), so engines on its GPU pause meanwhile and each side runs at its standalone speed."""
+        if self.cfg.actor.share_gpu == "timeshare" and self.sockets.control.computing != step:
+            await self.sockets.control.publish("compute", step=step)
 
     def _interrupted(self) -> bool:
         """Stop waiting for a batch: stopping, or a member needs the current weights first."""

@@ -67,6 +67,7 @@ class ControlPublisher:
         self.verifiers: dict[str, str] = {}
         self.paused = False
         self.weights: dict[str, Any] = {}
+        self.computing = 0  # the step the learner is computing (kind "compute"), 0 while it waits
 
     def drain(self) -> None:
         """Read what subscribers sent (without waiting) and keep the routes: each connection that says
@@ -111,7 +112,7 @@ class ControlPublisher:
 
     def snapshot(self, hello_needed: bool = False) -> wire.Snapshot:
         return wire.Snapshot(self.seq, self.version, dict(self.verifiers), self.paused, dict(self.weights), self.epoch,
-                             hello_needed)
+                             hello_needed, self.computing)
 
     async def publish(self, kind: str, **payload: Any) -> wire.Control:
         self.drain()
@@ -124,6 +125,8 @@ class ControlPublisher:
             self.paused = kind == "pause"
         elif kind == "weights":
             self.weights = dict(payload)
+        elif kind == "compute":
+            self.computing = int(payload["step"])
         msg = wire.Control(self.seq, kind, payload, self.epoch)
         frames = wire.encode(msg)
         for rid in list(self.routes):

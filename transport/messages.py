@@ -72,8 +72,9 @@ class Heartbeat:
     stats: dict[str, float] = field(default_factory=dict)
     """Cumulative actor counters (name -> number): samples, tokens, groups_sent, aborted, updates,
     engine_restarts, idle_s (seconds the engine had no request, any reason), idle_weight_s (the part
-    spent loading weights or gated by max_staleness), update_s (receiving and loading weights) and score_s
-    (groups in the verifier pool)."""
+    spent loading weights or gated by max_staleness), held_s (paused for the learner's compute, `actor.share_gpu
+    = "timeshare"`; never counted in idle_s), update_s (receiving and loading weights) and score_s (groups in the
+    verifier pool)."""
     group: str = ""
     """The weight group (rendezvous name) the actor has joined or is joining, "" if none: the learner
     leaves a member that never names the group it was called to out of the next one."""
@@ -125,6 +126,9 @@ class Snapshot:
     """Nonce of the learner process: a different one than before means the learner restarted."""
     hello_needed: bool = False
     """The learner does not know this actor (any more): it must say hello before its messages count."""
+    computing: int = 0
+    """The step the learner is computing now (`actor.share_gpu = "timeshare"`: engines on its GPU pause until
+    it ends), 0 while it waits for groups."""
 
 
 @dataclass
@@ -134,7 +138,8 @@ class Control:
     kind: str
     """One of CONTROL_KINDS."""
     payload: dict[str, Any] = field(default_factory=dict)
-    """Kind-specific: version {version}; swap {name, path}; sync_ack {token}; weights {rendezvous}."""
+    """Kind-specific: version {version}; swap {name, path}; sync_ack {token}; weights {rendezvous}; compute
+    {step}: the learner starts computing step `step` (0: it ended and waits for groups)."""
     epoch: str = ""
     """Nonce of the learner process that published it (seq counts per epoch)."""
 

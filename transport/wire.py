@@ -30,15 +30,16 @@ import orjson
 from transport.messages import (PromptItem, WorkRequest, Hello, Heartbeat, Admin, AdminReply, WorkAssignment,
                                  GroupAck, Snapshot, Control, RolloutGroup)
 
-SCHEMA_VERSION = 8  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
+SCHEMA_VERSION = 9  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
 # Snapshot.hello_needed; 5: RolloutGroup.versions (per token); 6: PromptItem.prompt_token_ids, source;
-# 7: Heartbeat.group; 8: the control channel over ROUTER/DEALER (an actor subscribes by message). A message of
+# 7: Heartbeat.group; 8: the control channel over ROUTER/DEALER (an actor subscribes by message); 9: control kind
+# "compute", Snapshot.computing (`actor.share_gpu`). A message of
 # another version is rejected, both versions named.
 MAX_HEADER_BYTES = 1 << 20
 MAX_REASON_CHARS = 200  # a verifier's reason per completion, as sent (the header of N = 2048 stays < 1 MiB)
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
 FINISH_REASONS = ("stop", "length", "abort", "error")
-CONTROL_KINDS = ("version", "swap", "pause", "resume", "stop", "sync_ack", "weights")
+CONTROL_KINDS = ("version", "swap", "pause", "resume", "stop", "sync_ack", "weights", "compute")
 
 
 class WireError(ValueError):
@@ -65,7 +66,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "assignment": {"items": (list,)},
     "ack": {"group_ids": (list,), "rejected": (dict,)},
     "snapshot": {"control_seq": (int,), "version": (int,), "verifiers": (dict,), "paused": (bool,),
-                 "weights": (dict,), "epoch": (str,), "hello_needed": (bool,)},
+                 "weights": (dict,), "epoch": (str,), "hello_needed": (bool,), "computing": (int,)},
     "control": {"seq": (int,), "kind": (str,), "payload": (dict,), "epoch": (str,)},
     "admin": {"command": (str,), "args": (dict,)},
     "admin_reply": {"ok": (bool,), "message": (str,)},

@@ -40,7 +40,20 @@ TAG=${TAG:-h200}
 GPUS=$(nvidia-smi -L | wc -l)
 PT="python3 -m pytest -q -s -p no:cacheprovider"
 ACT="python3 -m bench.actor --preset brorl-1.5b --dummy-1p5b --total 4096 --prompt-len 512 --max-tokens 256 --repeats 1 --cases 512:on,16:on"
-if [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
+if [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = timeshare ]; then
+  # one GPU, how learner and engine share it (actor.share_gpu): per N, the raw engine and the time-shared loop
+  # (its learner trains with the engine paused: the standalone figure of the bound), then the co-run loop
+  # against the same raw rows; the second file holds both runs
+  for N in 16 512; do
+    (while sleep 30; do runs "ts$N"; done) &
+    snap=$!
+    LIMIT=420 step "ts_$N" python3 -m bench.e2e --shape qwen2-1.5b --cases "1:$N:keep:timeshare" --steps 5 \
+         --raw-steps 2 --share-gpu --tag "${TAG}ts_$N"
+    LIMIT=420 step "co_$N" python3 -m bench.e2e --shape qwen2-1.5b --cases "1:$N:keep:corun" --steps 5 \
+         --share-gpu --raw-from "bench/results/e2e_${TAG}ts_$N.json" --tag "${TAG}share_$N"
+    kill $snap; runs "ts$N"; keep_bench "e2e_${TAG}ts_$N*" "e2e_${TAG}share_$N*"; rm -rf runs/bench/e2e/run-*
+  done
+elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
   # one GPU, the learner's speed (issue: the whole loop at the speed of its engines): no recomputation at
   # 32k-token micro-batches with the LM head's logits kept for backward (profiled) and without; the presets'
   # gpu test; then the loop on the shared GPU with the compiler's recompilations logged (the learner's

@@ -102,7 +102,7 @@ def check_accounting(run_dir: Path, steps: int) -> tuple[list[int], dict[int, li
 
 
 async def test_two_actors_train_and_receive_every_version(tiny_model_dir, tmp_path):
-    cfg = job(tiny_model_dir, tmp_path)
+    cfg = job(tiny_model_dir, tmp_path, **{"actor.share_gpu": "timeshare"})
     ep = LearnerService.endpoints_of(cfg)
     actors = [FakeActor(ep, f"a{i}", n_samples=N, seed=i) for i in range(2)]
     svc = await run_job(cfg, actors)
@@ -112,6 +112,8 @@ async def test_two_actors_train_and_receive_every_version(tiny_model_dir, tmp_pa
     check_accounting(tmp_path, 4)
     for a in actors:  # both were in the weight group and loaded every version, checksummed
         assert a.received_versions == [1, 2, 3, 4], (a.actor_id, a.received_versions)
+        # time-sharing: each step announced before it trains (its weights not yet out), and its end after them
+        assert a.computes == [(s, v) for k in range(1, 5) for s, v in ((k, k - 1), (0, k))], a.computes
     assert svc.members.checksum_mismatch == 0 and svc.members.checksum_ok >= 2
     assert (tmp_path / "checkpoints" / "step-000004" / "model" / "model.safetensors").exists()
 

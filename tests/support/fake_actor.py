@@ -40,6 +40,7 @@ class FakeActor:
         self.sec = sec
         self.acked: list[str] = []  # group ids the learner acknowledged to this actor
         self.received_versions: list[int] = []
+        self.computes: list[tuple[int, int]] = []  # control "compute" heard: (step, the version then held)
         self.stopped = False  # the learner said stop
         self._pg = None
         self._plan: WeightPlan | None = None
@@ -110,6 +111,8 @@ class FakeActor:
                     await self._receive(self.latest)
             elif msg.kind == "weights":
                 self._rendezvous(msg.payload)
+            elif msg.kind == "compute":
+                self.computes.append((int(msg.payload["step"]), self.version))
             elif msg.kind == "stop":
                 self.stopped = True
 

@@ -26,6 +26,7 @@ def test_group_round_trip():
     wire.WorkRequest("a", 3, 5), wire.Hello("a", -1, "tok"), wire.Heartbeat("a", 2, 1, 0),
     wire.WorkAssignment([wire.PromptItem(1, "2+2=", "4", "synthetic", "t1")]), wire.GroupAck(["a:1", "a:2"]),
     wire.Snapshot(4, 2, {"math": "verifiers.math"}, False), wire.Control(9, "version", {"version": 3}),
+    wire.Snapshot(5, 2, {}, False, {}, "e", False, 3), wire.Control(10, "compute", {"step": 3}),
 ])
 def test_header_messages_round_trip(msg):
     assert wire.decode(_frames_bytes(wire.encode(msg))) == msg
