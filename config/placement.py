@@ -89,8 +89,8 @@ SHARE_UTILIZATION = 0.5
 def _unshareable(cfg: BrorlConfig) -> str:
     """What keeps the learner and an actor from sharing a GPU under this config ("" when nothing does)."""
     act = cfg.actor
-    need = [f"set transport.weight_backend = \"gloo\" (it is {cfg.transport.weight_backend!r}: NCCL refuses two ranks "
-            f"on one GPU)"] * (cfg.transport.weight_backend != "gloo")
+    need = [f"set transport.weight_backend = \"ipc\" (it is {cfg.transport.weight_backend!r}: NCCL refuses two ranks "
+            f"on one GPU; ipc hands the engine the learner's weights on the card)"] * (cfg.transport.weight_backend == "nccl")
     need += ["set actor.kv_cache_gib (the engine's KV cache in GiB: vLLM cannot size it by profiling while the "
              "learner allocates on the same GPU)"] * (not act.kv_cache_gib)
     need += [f"set actor.gpu_memory_utilization ≤ {SHARE_UTILIZATION} (it is {act.gpu_memory_utilization}: the learner "

@@ -39,10 +39,12 @@ from typing import Any, Callable, Iterable
 import torch
 
 from transport.blocking import in_daemon_thread
+from transport.ipc import SharedBuffer
 from transport.checksum import bucket_checksum, bucket_checksum_tensor, checksum_values, combine_checksums
 from transport.ports import route_to
 
 ALIGN = 16  # every tensor starts at a multiple of 16 bytes in its bucket, so views of any dtype work
+TAG_GO, TAG_ACK = 1, 2  # ipc: "the buffer holds version v" to each receiver, and its answer
 
 
 def _align(n: int) -> int:
@@ -235,12 +237,49 @@ def receive_buckets(pg, plan: WeightPlan, device: torch.device | str = "cpu",
     return combine_checksums(checksum_values(sums))
 
 
+def bucket_offsets(plan: WeightPlan) -> list[int]:
+    """Where each bucket starts in the shared buffer (ipc): the buckets laid end to end, in order."""
+    out, off = [], 0
+    for *_, n in plan.buckets:
+        out.append(off)
+        off += n
+    return out
+
+
+def await_shared(pg, version: int) -> None:
+    """A receiver's side of one ipc update, first half: wait (within the group's timeout) for the learner's
+    word that the shared buffer holds `version`."""
+    go = torch.zeros(2, dtype=torch.int64)
+    pg.recv([go], 0, TAG_GO).wait()
+    if int(go[0]) != version:
+        raise WeightSyncError(f"the learner's shared buffer holds version {int(go[0])}, this update is {version}")
+
+
+def read_shared(buf: torch.Tensor, plan: WeightPlan,
+                load: Callable[[torch.Tensor, int, int], None] | None = None) -> str:
+    """Second half: checksum each bucket as it stands in the shared buffer `buf` and hand it to
+    `load(flat, first, last)` (views of the buffer: the learner does not write it again before this
+    receiver's `acknowledge`). Returns the update's checksum."""
+    sums = []
+    for (first, last, n), off in zip(plan.buckets, bucket_offsets(plan)):
+        flat = buf[off: off + n]
+        sums.append(bucket_checksum_tensor(flat))
+        if load is not None:
+            load(flat, first, last)
+    return combine_checksums(checksum_values(sums))
+
+
+def acknowledge(pg, version: int, ok: bool) -> None:
+    """Tell the learner this receiver is done with the shared buffer for `version` (loaded, or failed)."""
+    pg.send([torch.tensor([version, int(ok)], dtype=torch.int64)], 0, TAG_ACK).wait()
+
+
 class WeightBroadcaster:
-    """Learner side: owns rank 0 of the weight group and the plan."""
+    """Learner side: owns rank 0 of the weight group and the plan (and, for ipc, the shared buffer)."""
 
     def __init__(self, named_params, *, bucket_mb: float = 256, timeout_s: float = 120.0,
                  backend: str = "gloo", host: str = "127.0.0.1", dtype: torch.dtype | None = None,
-                 bucket_tensors=None):
+                 bucket_tensors=None, device: torch.device | str | None = None):
         self.named_params = named_params  # callable -> iterable of (name, tensor), HF names
         self.dtype = dtype  # the serving dtype floating-point tensors are sent in (None: as they are)
         self.plan = make_plan(named_params(), bucket_mb, dtype)
@@ -254,20 +293,41 @@ class WeightBroadcaster:
         self.pg = None
         self._store = None
         self.world_size = 1
+        self.device = torch.device(device or "cpu")  # ipc: where the shared buffer lives (the learner's weights)
+        self.buffer: SharedBuffer | None = None  # ipc: made at the first rendezvous, kept while updates succeed
+        self.rank_names: dict[int, str] = {}  # rank -> the receiver it is, for errors
         self.last_split: dict[str, float] = {}
         """Host seconds of the last broadcast spent packing buckets, checksumming them and waiting for the wire
         (packing and checksumming overlap the transfer; on a GPU they are queued, not waited for)."""
 
-    def rendezvous_info(self, port: int, workers: list[int]) -> tuple[dict[str, Any], list[int]]:
-        """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset."""
+    @property
+    def buffer_bytes(self) -> int:
+        """The shared buffer's size (ipc): every bucket of the plan, in the serving dtype, 16-byte aligned."""
+        return sum(n for *_, n in self.plan.buckets)
+
+    def rendezvous_info(self, port: int, workers: list[int],
+                        names: list[str] | None = None) -> tuple[dict[str, Any], list[int]]:
+        """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset. `names`: the actors,
+        named in errors. ipc: the info carries one handle to the shared buffer per receiving rank."""
         offsets, nxt = [], 1
-        for w in workers:
+        self.rank_names = {}
+        for i, w in enumerate(workers):
             offsets.append(nxt)
+            for k in range(w):
+                name = names[i] if names else f"rank {nxt + k}"
+                self.rank_names[nxt + k] = name if w == 1 else f"{name} (worker {k})"
             nxt += w
         self.world_size = nxt
         info = {"master_address": self.host, "master_port": port, "world_size": nxt,
                 "group_name": f"brorl-{uuid.uuid4().hex[:12]}", "timeout_s": self.timeout_s}
+        if self.backend == "ipc":
+            if self.buffer is None:
+                self.buffer = SharedBuffer(self.buffer_bytes, self.device)
+            info["buffers"] = [self.buffer.handle() for _ in range(nxt - 1)]
         return info, offsets
+
+    def _who(self, ranks) -> str:
+        return ", ".join(self.rank_names.get(r, f"rank {r}") for r in sorted(ranks))
 
     async def open(self, info: dict[str, Any]) -> None:
         """Rank 0 of the group; completes once every receiver has joined (or raises after timeout)."""
@@ -275,7 +335,7 @@ class WeightBroadcaster:
         try:
             self.pg, self._store = await asyncio.wait_for(in_daemon_thread(
                 open_group, self.host, info["master_port"], 0, info["world_size"], info["group_name"],
-                self.timeout_s, self.backend), self.timeout_s + 5)
+                self.timeout_s, "gloo" if self.backend == "ipc" else self.backend), self.timeout_s + 5)
         except Exception as e:
             raise WeightSyncError(f"weight group rendezvous failed ({info['world_size'] - 1} receivers "
                                   f"expected): {type(e).__name__}: {e}") from e
@@ -322,18 +382,64 @@ class WeightBroadcaster:
         split["wait_s"] += time.perf_counter() - t3
         self.last_split = split
         if failed:  # the others received all of it; these did not
-            raise WeightSyncError(f"receivers at ranks {sorted(failed)} of {self.world_size - 1} failed; the "
-                                  f"others received the whole update")
+            raise WeightSyncError(f"receivers {self._who(failed)} ({len(failed)} of {self.world_size - 1}) failed; "
+                                  f"the others received the whole update")
         return combine_checksums(checksum_values(sums))
 
-    async def broadcast(self) -> str:
-        """Send every bucket; returns the checksum the receivers must report."""
+    def _send_shared(self, version: int) -> str:
+        """ipc: pack every bucket into the shared buffer (a device copy), tell each receiver that it holds
+        `version`, and wait until every one acknowledges that it has loaded it (or failed to): only then may
+        the buffer be written again."""
+        split = {"pack_s": 0.0, "checksum_s": 0.0, "wait_s": 0.0}
+        buf, sums = self.buffer.tensor, []
+        t0 = time.perf_counter()
+        for (a, b, n), off in zip(self.plan.buckets, bucket_offsets(self.plan)):
+            with self.bucket_tensors(a, b) as tensors:
+                flat = pack_bucket(tensors, n, buf.device, self.dtype, out=buf[off: off + n])
+            sums.append(bucket_checksum_tensor(flat))
+        checksum = combine_checksums(checksum_values(sums))  # reads the device: the packing is done
+        if buf.is_cuda:
+            torch.cuda.synchronize(buf.device)
+        t1 = time.perf_counter()
+        split["pack_s"] = t1 - t0
+        go = torch.tensor([version, 1], dtype=torch.int64)
+        failed, pending = set(), {}
+        for dst in range(1, self.world_size):
+            ack = torch.zeros(2, dtype=torch.int64)
+            try:
+                pending[dst] = (ack, self.pg.send([go], dst, TAG_GO), self.pg.recv([ack], dst, TAG_ACK))
+            except Exception:
+                failed.add(dst)
+        deadline = t1 + self.timeout_s  # one timeout for all: a silent receiver costs it once, not per receiver
+        for dst, (ack, sent, got) in pending.items():
+            try:
+                for work in (sent, got):
+                    work.wait(datetime.timedelta(seconds=max(0.001, deadline - time.perf_counter())))
+                if ack.tolist() != [version, 1]:
+                    failed.add(dst)
+            except Exception:
+                failed.add(dst)
+        split["wait_s"] = time.perf_counter() - t1
+        self.last_split = split
+        if failed:
+            raise WeightSyncError(f"receivers {self._who(failed)} ({len(failed)} of {self.world_size - 1}) did not "
+                                  f"acknowledge version {version} within {self.timeout_s:g} s (transport."
+                                  f"weight_timeout_s) or failed to load it")
+        return checksum
+
+    async def broadcast(self, version: int = 0) -> str:
+        """Send every bucket (ipc: publish `version` in the shared buffer); returns the checksum the receivers
+        must report."""
         if self.pg is None:
             raise WeightSyncError("no weight group: call open() after a rendezvous first")
+        send = (lambda: self._send_shared(version)) if self.backend == "ipc" else self._send_all
         try:
-            return await asyncio.wait_for(in_daemon_thread(self._send_all), self.timeout_s + 5)
+            return await asyncio.wait_for(in_daemon_thread(send), self.timeout_s + 5)
         except Exception as e:
             self.close()
+            if self.buffer is not None:  # a receiver may still read it: never written again, the next
+                self.buffer.close()      # rendezvous hands out a new one
+                self.buffer = None
             raise WeightSyncError(f"weight broadcast failed: {type(e).__name__}: {str(e)[:300]}") from e
 
     def close(self) -> None:
