@@ -263,17 +263,6 @@ class Actor:
                 self.stats.heartbeat(self.load.idle_s()), self.sync.group))
 
 
-def check_same_host(cfg: BrorlConfig, endpoints: Endpoints) -> None:
-    """`transport.weight_backend = "ipc"` maps the learner's memory: an actor whose learner is on another host
-    is refused at start (`ActorRefused`, one line), before it loads a model it could never update."""
-    from transport.ipc import SETTING, is_local_address
-
-    if cfg.transport.weight_backend == "ipc" and not is_local_address(endpoints.host):
-        raise ActorRefused(f"{SETTING} needs the learner on this host, and its address {endpoints.host} is not one "
-                           f"of this machine's: set transport.weight_backend = \"nccl\" (GPUs) or \"gloo\"")
-
-
 def main(cfg: BrorlConfig, actor_id: str, endpoints: Endpoints) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    check_same_host(cfg, endpoints)
     return asyncio.run(Actor(cfg, actor_id, endpoints).run())

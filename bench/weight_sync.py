@@ -70,8 +70,8 @@ def receiver(spec_path: str) -> None:
 
 
 def ipc_receiver(spec: dict) -> None:
-    from transport.ipc import OpenedBuffer
-    from transport.weights import WeightPlan, acknowledge, await_shared, open_group, read_shared
+    from transport.ipc import OpenedBuffer, acknowledge, await_shared, read_shared
+    from transport.weights import WeightPlan, open_group
 
     plan = WeightPlan(**spec["plan"])
     pg, _store = open_group(spec["host"], spec["port"], spec["rank"], spec["world"], spec["group"], 120.0, "gloo")

@@ -21,11 +21,13 @@ instead of mapping nothing.
 from __future__ import annotations
 
 import base64
+import datetime
 import mmap
 import os
+import time
 import uuid
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -62,6 +64,15 @@ def is_local_address(host: str) -> bool:
             except OSError:
                 continue
     return False
+
+
+def remote_learner(weight_backend: str, learner_host: str) -> str:
+    """Why an actor may not start with this backend against a learner at `learner_host` ("" when it may):
+    ipc maps the learner's memory, so the learner must be on this host."""
+    if weight_backend != "ipc" or is_local_address(learner_host):
+        return ""
+    return (f"{SETTING} needs the learner on this host, and its address {learner_host} is not one of this "
+            f"machine's: set transport.weight_backend = \"nccl\" (GPUs) or \"gloo\"")
 
 
 def _b64(b: bytes | None) -> str | None:
@@ -202,3 +213,83 @@ def _open_cuda(h: dict[str, Any]) -> torch.Tensor:
                                h["storage_size_bytes"], h["storage_offset_bytes"], False,
                                _unb64(h["ref_counter_handle"]), h["ref_counter_offset"], _unb64(h["event_handle"]),
                                h["event_sync_required"])
+
+
+# ---------------------------------------------------------------- the protocol over a weight group (gloo)
+TAG_GO, TAG_ACK = 1, 2  # "the buffer holds version v" to each receiver, and its answer
+
+
+def bucket_offsets(plan) -> list[int]:
+    """Where each bucket of a `WeightPlan` starts in the shared buffer: the buckets laid end to end, in order."""
+    out, off = [], 0
+    for *_, n in plan.buckets:
+        out.append(off)
+        off += n
+    return out
+
+
+def send_shared(pg, buf: torch.Tensor, plan, bucket_tensors, dtype, version: int, world_size: int,
+                timeout_s: float) -> tuple[str, set[int], dict[str, float]]:
+    """Learner side of one update: pack every bucket into the shared buffer `buf` (a device copy; ZeRO-3's
+    `bucket_tensors` gathers one bucket at a time), tell each rank of `pg` that it holds `version`, and wait
+    (one `timeout_s` for all) until every one acknowledges having loaded it, or failing to: only then may the
+    buffer be written again. Returns (checksum, the ranks that did not acknowledge, the time split)."""
+    from transport.checksum import bucket_checksum_tensor, checksum_values, combine_checksums
+    from transport.weights import pack_bucket
+
+    t0, sums = time.perf_counter(), []
+    for (a, b, n), off in zip(plan.buckets, bucket_offsets(plan)):
+        with bucket_tensors(a, b) as tensors:
+            flat = pack_bucket(tensors, n, buf.device, dtype, out=buf[off: off + n])
+        sums.append(bucket_checksum_tensor(flat))
+    checksum = combine_checksums(checksum_values(sums))  # reads the device: the packing is done
+    if buf.is_cuda:
+        torch.cuda.synchronize(buf.device)
+    t1 = time.perf_counter()
+    go = torch.tensor([version, 1], dtype=torch.int64)
+    failed, pending = set(), {}
+    for dst in range(1, world_size):
+        ack = torch.zeros(2, dtype=torch.int64)
+        try:
+            pending[dst] = (ack, pg.send([go], dst, TAG_GO), pg.recv([ack], dst, TAG_ACK))
+        except Exception:
+            failed.add(dst)
+    deadline = t1 + timeout_s  # a silent receiver costs the timeout once, not once per receiver
+    for dst, (ack, sent, got) in pending.items():
+        try:
+            for work in (sent, got):
+                work.wait(datetime.timedelta(seconds=max(0.001, deadline - time.perf_counter())))
+            if ack.tolist() != [version, 1]:
+                failed.add(dst)
+        except Exception:
+            failed.add(dst)
+    return checksum, failed, {"pack_s": t1 - t0, "checksum_s": 0.0, "wait_s": time.perf_counter() - t1}
+
+
+def await_shared(pg, version: int) -> None:
+    """Receiver side, first: wait (within the group's timeout) for the learner's word that the shared buffer
+    holds `version`."""
+    go = torch.zeros(2, dtype=torch.int64)
+    pg.recv([go], 0, TAG_GO).wait()
+    if int(go[0]) != version:
+        raise IpcError(f"the learner's shared buffer holds version {int(go[0])}, this update is {version}")
+
+
+def read_shared(buf: torch.Tensor, plan, load: Callable[[torch.Tensor, int, int], None] | None = None) -> str:
+    """Then: checksum each bucket as it stands in the shared buffer `buf` and hand it to `load(flat, first,
+    last)` (views of the buffer: the learner does not write it again before this receiver's `acknowledge`).
+    Returns the update's checksum."""
+    from transport.checksum import bucket_checksum_tensor, checksum_values, combine_checksums
+
+    sums = []
+    for (first, last, n), off in zip(plan.buckets, bucket_offsets(plan)):
+        flat = buf[off: off + n]
+        sums.append(bucket_checksum_tensor(flat))
+        if load is not None:
+            load(flat, first, last)
+    return combine_checksums(checksum_values(sums))
+
+
+def acknowledge(pg, version: int, ok: bool) -> None:
+    """Tell the learner this receiver is done with the shared buffer for `version` (loaded, or failed)."""
+    pg.send([torch.tensor([version, int(ok)], dtype=torch.int64)], 0, TAG_ACK).wait()

@@ -31,13 +31,10 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from transport.ipc import SETTING as IPC_SETTING
-from transport.ipc import OpenedBuffer
+from transport.ipc import OpenedBuffer, acknowledge, await_shared, read_shared
 from transport.weights import (
     WeightPlan,
-    acknowledge,
-    await_shared,
     open_group,
-    read_shared,
     receive_buckets,
     release_group,
     unpack_bucket,

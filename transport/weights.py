@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -39,12 +38,11 @@ from typing import Any, Callable, Iterable
 import torch
 
 from transport.blocking import in_daemon_thread
-from transport.ipc import SharedBuffer
+from transport.ipc import SharedBuffer, send_shared
 from transport.checksum import bucket_checksum, bucket_checksum_tensor, checksum_values, combine_checksums
-from transport.ports import route_to
+from transport.groups import open_group, release_group  # noqa: F401  (where the weight group's users find them)
 
 ALIGN = 16  # every tensor starts at a multiple of 16 bytes in its bucket, so views of any dtype work
-TAG_GO, TAG_ACK = 1, 2  # ipc: "the buffer holds version v" to each receiver, and its answer
 
 
 def _align(n: int) -> int:
@@ -137,37 +135,6 @@ def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan
     return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n, "cpu", dtype)) for a, b, n in plan.buckets])
 
 
-def open_group(host: str, port: int, rank: int, world_size: int, group_name: str, timeout_s: float,
-               backend: str = "gloo"):
-    """A process group of its own (not the default one): TCPStore rendezvous + gloo (or NCCL). Rank 0's
-    store listens on `host` only (TCPStore by itself would listen on every interface). gloo's transfers use
-    the address each rank reaches the others by: `host` on rank 0, on the others their own address on the
-    route to it. (gloo by itself takes the address this machine's hostname resolves to, which on a host
-    with several networks need not be the one the learner can reach: the transfers then fail.)"""
-    import socket
-
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    listen = None
-    if rank == 0:
-        listen = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listen.bind((host, port))
-        listen.listen(1024)
-    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False,
-                          master_listen_fd=None if listen is None else listen.detach())  # the store owns it now
-    prefixed = dist.PrefixStore(group_name, store)
-    if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host if rank == 0 else route_to(host, port))]
-        return dist.ProcessGroupGloo(prefixed, rank, world_size, opts), store
-    opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = timeout
-    return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts), store
-
-
 def start_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset(),
                  timeout_s: float = 120.0) -> Callable[[], set[int]]:
     """Start moving one bucket from rank 0 to every other rank of `pg`; returns `finish`, which waits until it
@@ -237,43 +204,6 @@ def receive_buckets(pg, plan: WeightPlan, device: torch.device | str = "cpu",
     return combine_checksums(checksum_values(sums))
 
 
-def bucket_offsets(plan: WeightPlan) -> list[int]:
-    """Where each bucket starts in the shared buffer (ipc): the buckets laid end to end, in order."""
-    out, off = [], 0
-    for *_, n in plan.buckets:
-        out.append(off)
-        off += n
-    return out
-
-
-def await_shared(pg, version: int) -> None:
-    """A receiver's side of one ipc update, first half: wait (within the group's timeout) for the learner's
-    word that the shared buffer holds `version`."""
-    go = torch.zeros(2, dtype=torch.int64)
-    pg.recv([go], 0, TAG_GO).wait()
-    if int(go[0]) != version:
-        raise WeightSyncError(f"the learner's shared buffer holds version {int(go[0])}, this update is {version}")
-
-
-def read_shared(buf: torch.Tensor, plan: WeightPlan,
-                load: Callable[[torch.Tensor, int, int], None] | None = None) -> str:
-    """Second half: checksum each bucket as it stands in the shared buffer `buf` and hand it to
-    `load(flat, first, last)` (views of the buffer: the learner does not write it again before this
-    receiver's `acknowledge`). Returns the update's checksum."""
-    sums = []
-    for (first, last, n), off in zip(plan.buckets, bucket_offsets(plan)):
-        flat = buf[off: off + n]
-        sums.append(bucket_checksum_tensor(flat))
-        if load is not None:
-            load(flat, first, last)
-    return combine_checksums(checksum_values(sums))
-
-
-def acknowledge(pg, version: int, ok: bool) -> None:
-    """Tell the learner this receiver is done with the shared buffer for `version` (loaded, or failed)."""
-    pg.send([torch.tensor([version, int(ok)], dtype=torch.int64)], 0, TAG_ACK).wait()
-
-
 class WeightBroadcaster:
     """Learner side: owns rank 0 of the weight group and the plan (and, for ipc, the shared buffer)."""
 
@@ -300,29 +230,18 @@ class WeightBroadcaster:
         """Host seconds of the last broadcast spent packing buckets, checksumming them and waiting for the wire
         (packing and checksumming overlap the transfer; on a GPU they are queued, not waited for)."""
 
-    @property
-    def buffer_bytes(self) -> int:
-        """The shared buffer's size (ipc): every bucket of the plan, in the serving dtype, 16-byte aligned."""
-        return sum(n for *_, n in self.plan.buckets)
-
     def rendezvous_info(self, port: int, workers: list[int],
                         names: list[str] | None = None) -> tuple[dict[str, Any], list[int]]:
-        """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset. `names`: the actors,
-        named in errors. ipc: the info carries one handle to the shared buffer per receiving rank."""
-        offsets, nxt = [], 1
-        self.rank_names = {}
-        for i, w in enumerate(workers):
-            offsets.append(nxt)
-            for k in range(w):
-                name = names[i] if names else f"rank {nxt + k}"
-                self.rank_names[nxt + k] = name if w == 1 else f"{name} (worker {k})"
-            nxt += w
-        self.world_size = nxt
+        """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset (`names`: the actors,
+        for errors). ipc: the info carries one handle to the shared buffer per receiving rank."""
+        offsets = [1 + sum(workers[:i]) for i in range(len(workers))]
+        self.world_size = nxt = 1 + sum(workers)
+        self.rank_names = {o + k: n if w == 1 else f"{n} (worker {k})" for o, w, n in
+                           zip(offsets, workers, names or [f"rank {o}" for o in offsets]) for k in range(w)}
         info = {"master_address": self.host, "master_port": port, "world_size": nxt,
                 "group_name": f"brorl-{uuid.uuid4().hex[:12]}", "timeout_s": self.timeout_s}
         if self.backend == "ipc":
-            if self.buffer is None:
-                self.buffer = SharedBuffer(self.buffer_bytes, self.device)
+            self.buffer = self.buffer or SharedBuffer(sum(n for *_, n in self.plan.buckets), self.device)
             info["buffers"] = [self.buffer.handle() for _ in range(nxt - 1)]
         return info, offsets
 
@@ -387,44 +306,12 @@ class WeightBroadcaster:
         return combine_checksums(checksum_values(sums))
 
     def _send_shared(self, version: int) -> str:
-        """ipc: pack every bucket into the shared buffer (a device copy), tell each receiver that it holds
-        `version`, and wait until every one acknowledges that it has loaded it (or failed to): only then may
-        the buffer be written again."""
-        split = {"pack_s": 0.0, "checksum_s": 0.0, "wait_s": 0.0}
-        buf, sums = self.buffer.tensor, []
-        t0 = time.perf_counter()
-        for (a, b, n), off in zip(self.plan.buckets, bucket_offsets(self.plan)):
-            with self.bucket_tensors(a, b) as tensors:
-                flat = pack_bucket(tensors, n, buf.device, self.dtype, out=buf[off: off + n])
-            sums.append(bucket_checksum_tensor(flat))
-        checksum = combine_checksums(checksum_values(sums))  # reads the device: the packing is done
-        if buf.is_cuda:
-            torch.cuda.synchronize(buf.device)
-        t1 = time.perf_counter()
-        split["pack_s"] = t1 - t0
-        go = torch.tensor([version, 1], dtype=torch.int64)
-        failed, pending = set(), {}
-        for dst in range(1, self.world_size):
-            ack = torch.zeros(2, dtype=torch.int64)
-            try:
-                pending[dst] = (ack, self.pg.send([go], dst, TAG_GO), self.pg.recv([ack], dst, TAG_ACK))
-            except Exception:
-                failed.add(dst)
-        deadline = t1 + self.timeout_s  # one timeout for all: a silent receiver costs it once, not per receiver
-        for dst, (ack, sent, got) in pending.items():
-            try:
-                for work in (sent, got):
-                    work.wait(datetime.timedelta(seconds=max(0.001, deadline - time.perf_counter())))
-                if ack.tolist() != [version, 1]:
-                    failed.add(dst)
-            except Exception:
-                failed.add(dst)
-        split["wait_s"] = time.perf_counter() - t1
-        self.last_split = split
+        checksum, failed, self.last_split = send_shared(self.pg, self.buffer.tensor, self.plan, self.bucket_tensors,
+                                                        self.dtype, version, self.world_size, self.timeout_s)
         if failed:
             raise WeightSyncError(f"receivers {self._who(failed)} ({len(failed)} of {self.world_size - 1}) did not "
-                                  f"acknowledge version {version} within {self.timeout_s:g} s (transport."
-                                  f"weight_timeout_s) or failed to load it")
+                                  f"acknowledge version {version} within {self.timeout_s:g} s "
+                                  f"(transport.weight_timeout_s) or failed to load it")
         return checksum
 
     async def broadcast(self, version: int = 0) -> str:
@@ -445,17 +332,6 @@ class WeightBroadcaster:
     def close(self) -> None:
         release_group(self.pg)
         self.pg, self._store = None, None
-
-
-def release_group(pg) -> None:
-    """Let go of a weight group now. An NCCL communicator is aborted: left to its destructor, it would wait
-    for its kernels, and a broadcast stuck on a receiver that died never ends (the process then hangs at
-    exit). gloo needs nothing."""
-    if pg is not None and "NCCL" in type(pg).__name__:
-        try:
-            pg.abort()
-        except Exception:  # already aborted by its watchdog
-            pass
 
 
 class WeightReceiver:

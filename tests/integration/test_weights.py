@@ -314,7 +314,7 @@ async def test_ipc_update_is_acknowledged_and_a_receiver_that_never_acknowledges
     bc = WeightBroadcaster(lambda: params.items(), bucket_mb=0.1, timeout_s=30, backend="ipc")
     info, offs = bc.rendezvous_info(free_port(), [1, 1], names=["actor-a", "actor-b"])
     handles = info["buffers"]
-    assert len(handles) == 2 and handles[0]["kind"] == "shm" and bc.buffer_bytes == sum(n for *_, n in bc.plan.buckets)
+    assert len(handles) == 2 and handles[0]["kind"] == "shm" and handles[0]["nbytes"] == sum(n for *_, n in bc.plan.buckets)
     segment = P("/dev/shm") / handles[0]["name"]
     peers = [_peer(info["master_port"], o, 3, info["group_name"], bc.plan, 2, mode, json.dumps(h))
              for o, mode, h in zip(offs, ("ipc", "ipc_hold"), handles)]

@@ -19,8 +19,7 @@ def main() -> None:
     if mode == "exit":
         return
     if mode.startswith("ipc"):
-        from transport.ipc import OpenedBuffer
-        from transport.weights import acknowledge, await_shared, read_shared
+        from transport.ipc import OpenedBuffer, acknowledge, await_shared, read_shared
 
         buf = OpenedBuffer(json.loads(sys.argv[9]))
         for v in range(1, int(updates) + 1):
