@@ -301,8 +301,8 @@ class WeightBroadcaster:
         split["wait_s"] += time.perf_counter() - t3
         self.last_split = split
         if failed:  # the others received all of it; these did not
-            raise WeightSyncError(f"receivers {self._who(failed)} ({len(failed)} of {self.world_size - 1}) failed; "
-                                  f"the others received the whole update")
+            raise WeightSyncError(f"receivers at ranks {sorted(failed)} of {self.world_size - 1} failed; the others "
+                                  f"received the whole update (failed: {self._who(failed)})")
         return combine_checksums(checksum_values(sums))
 
     def _send_shared(self, version: int) -> str:
