@@ -3,8 +3,8 @@
 Learner side: `WeightBroadcaster`. Actor side: `WeightReceiver`, which drives vLLM's weight-transfer API
 (`init_weight_transfer_engine`, `start_weight_update`, `update_weights`, `finish_weight_update`, all
 worker methods reached through `collective_rpc`, present in vLLM 0.26 and 0.32 alike) with the engine
-we register, `brorl_gloo` on CPUs and `brorl_nccl` on GPUs (`transport/vllm_ext.py`): one protocol over
-either backend. (vLLM's own `nccl` engine speaks a different, packed protocol driven from a trainer that
+we register, `brorl_gloo` on CPUs, `brorl_nccl` on GPUs, `brorl_ipc` on one host (`transport/vllm_ext.py`):
+one protocol over every backend. (vLLM's own `nccl` engine speaks a different, packed protocol driven from a trainer that
 holds the engine client; ours lets actors join and leave a running job, so we keep one engine for both.)
 
 Protocol:
@@ -24,6 +24,9 @@ Protocol:
      with its own (`weights_checksum`).
 A receiver that is missing or dead makes the broadcast fail within `timeout_s` (the gloo group's
 timeout) with `WeightSyncError`, never a hang.
+ipc (`transport/ipc.py`): the rendezvous also hands each worker a handle to the learner's persistent buffer
+of every bucket; an update packs into it, tells the group "version v is in the buffer" and waits for every
+worker's acknowledgement (loaded, or failed) before it may write the buffer again.
 """
 
 from __future__ import annotations
