@@ -11,7 +11,8 @@ share one core while the others idle. `cpu_cores` splits this host's cores betwe
 (vLLM's `VLLM_CPU_OMP_THREADS_BIND`); a single actor keeps vLLM's own binding.
 
 A GPU may be shared by the learner and an actor (a one-GPU machine: `learner.gpus = [0]`, `actor.gpus = [0]`)
-when the job is set up for it: weights travel over gloo (NCCL refuses two ranks of one group on one GPU), the
+when the job is set up for it: weights go from the learner's shared buffer on the card into the engine
+(`transport.weight_backend = "ipc"`; gloo also works, through host memory; NCCL refuses two ranks of one group on one GPU), the
 engine's KV cache has a fixed size (`actor.kv_cache_gib`: vLLM sizes it by profiling the GPU's free memory at
 start, which the learner's allocations change under it) and `actor.gpu_memory_utilization` ≤ 0.5 (vLLM checks
 that much is free when it starts; the learner needs the rest). A GPU listed for both roles without that
