@@ -100,7 +100,7 @@ class SharedBuffer:
                                                    size=self.nbytes)
             self.tensor = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=self.nbytes)
             # unlinked when this object goes (or at exit): a worker that mapped it keeps its mapping
-            self._finalizer = weakref.finalize(self, _unlink, self._shm.name)
+            self._finalizer = weakref.finalize(self, _unlink, self._shm)
         else:
             raise IpcError(f"{SETTING}: no shared buffer on a {self.device.type} device (CUDA or CPU only)")
 
@@ -131,15 +131,11 @@ class SharedBuffer:
             self._shm = None
 
 
-def _unlink(name: str) -> None:
-    from multiprocessing import shared_memory
-
+def _unlink(shm) -> None:
     try:
-        shm = shared_memory.SharedMemory(name=name)
+        shm.unlink()  # (and out of this process's resource tracker, where creating it put it)
     except FileNotFoundError:
-        return
-    shm.unlink()  # (also unregisters it from this process's resource tracker, which registered it)
-    shm.close()
+        pass
 
 
 def _cuda_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
