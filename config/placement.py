@@ -147,6 +147,11 @@ def place(cfg: BrorlConfig, visible: int) -> Placement:
                              f"actor.num_actors, or place the roles with learner.gpus / actor.gpus (the learner "
                              f"and an actor may share a GPU: docs/configuration.md, \"GPU placement\")")
         pool = pool[:need]
+    apart = sorted(set(pool[:need]) - set(learner))
+    if cfg.transport.weight_backend == "ipc" and learner and apart:  # a role sees only its own GPUs
+        raise ValueError(f"transport.weight_backend = \"ipc\" maps the learner's GPU memory into the actors' engines, "
+                         f"but actors are placed on GPU {_ids(apart)}, which they alone see: set "
+                         f"transport.weight_backend = \"nccl\", or share the learner's GPU (actor.gpus)")
     return Placement(learner, [pool[i * tp:(i + 1) * tp] for i in range(act.num_actors)])
 
 

@@ -41,7 +41,7 @@ class TransportConfig(Section):
     "nccl" (GPUs, each on its own card), or "ipc" (learner and actors on one host, a GPU shared or not: the
     learner keeps a persistent buffer of the whole model in the serving dtype, on its device — CUDA IPC —
     or in POSIX shared memory on CPU, and each update is a copy into it and, per worker, out of it; an actor
-    on another host is refused at start)."""
+    on another host is refused at start, and on GPUs every actor must share the learner's GPU)."""
 
     weight_bucket_mb: int = Field(256, ge=1)
     """Size of one broadcast bucket, MiB: bounds the extra memory of a weight update."""

@@ -73,6 +73,13 @@ def test_the_learner_and_an_actor_share_one_gpu_when_the_job_is_set_up_for_it():
     assert place(c, 1) == Placement([0], [[0]])
 
 
+def test_ipc_weights_need_every_actor_on_the_learners_gpu():
+    with pytest.raises(ValueError, match=r'transport.weight_backend = "ipc" maps the learner\'s GPU memory .* actors '
+                                         r'are placed on GPU 1, which they alone see: set transport.weight_backend = "nccl"'):
+        place(cfg(**{"transport.weight_backend": "ipc"}), 2)
+    assert place(load_config("tiny-cpu", {"transport.weight_backend": "ipc"}), 0) == Placement()  # CPU: shared memory
+
+
 @pytest.mark.parametrize("field, value, match", [
     ("transport.weight_backend", "nccl", r"set transport.weight_backend = \"ipc\" \(it is 'nccl': NCCL refuses"),
     ("actor.kv_cache_gib", 0, r"set actor.kv_cache_gib \(the engine's KV cache"),
