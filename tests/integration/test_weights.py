@@ -305,19 +305,16 @@ def test_weights_travel_in_the_serving_dtype_packed_one_tensor_at_a_time():
 
 async def test_ipc_update_is_acknowledged_and_a_receiver_that_never_acknowledges_is_named():
     """transport.weight_backend = "ipc" on CPU: the learner's buffer in POSIX shared memory, handed out once at
-    the rendezvous; each receiver checksums what it reads and acknowledges. A receiver's exit does not unlink
-    the learner's segment (multiprocessing's resource tracker is kept out of the workers); one that never
-    acknowledges makes the update an error naming it, within the timeout, and the buffer is not written again."""
+    the rendezvous; the receiver checksums what it reads there and acknowledges. One that never acknowledges
+    makes the update an error naming it, within the timeout, and the buffer is never written again."""
     from pathlib import Path as P
 
     params = toy_params()
     bc = WeightBroadcaster(lambda: params.items(), bucket_mb=0.1, timeout_s=30, backend="ipc")
-    info, offs = bc.rendezvous_info(free_port(), [1, 1], names=["actor-a", "actor-b"])
-    handles = info["buffers"]
-    assert len(handles) == 2 and handles[0]["kind"] == "shm" and handles[0]["nbytes"] == sum(n for *_, n in bc.plan.buckets)
-    segment = P("/dev/shm") / handles[0]["name"]
-    peers = [_peer(info["master_port"], o, 3, info["group_name"], bc.plan, 2, mode, json.dumps(h))
-             for o, mode, h in zip(offs, ("ipc", "ipc_hold"), handles)]
+    info, offs = bc.rendezvous_info(free_port(), [1], names=["actor-b"])
+    (handle,) = info["buffers"]
+    assert handle["kind"] == "shm" and handle["nbytes"] == sum(n for *_, n in bc.plan.buckets)
+    peer = _peer(info["master_port"], offs[0], 2, info["group_name"], bc.plan, 2, "ipc_hold", json.dumps(handle))
     try:
         await bc.open(info)
         c1 = await bc.broadcast(1)
@@ -325,13 +322,11 @@ async def test_ipc_update_is_acknowledged_and_a_receiver_that_never_acknowledges
         params["a.weight"].mul_(2)
         bc.timeout_s = 2.0
         t = time.monotonic()
-        with pytest.raises(WeightSyncError, match=r"receivers .*actor-b.* did not acknowledge version 2 within 2 s"):
+        with pytest.raises(WeightSyncError, match=r"receivers actor-b \(1 of 1\) did not acknowledge version 2 within 2 s"):
             await bc.broadcast(2)
         assert time.monotonic() - t < 10
-        assert segment.exists() is False and bc.buffer is None  # never written again: the next rendezvous gets a new one
-        out_a = peers[0].communicate(timeout=30)[0]
-        assert out_a.count(f"checksum {c1}") == 1 and peers[0].returncode == 0
+        assert not (P("/dev/shm") / handle["name"]).exists() and bc.buffer is None  # the next rendezvous: a new one
     finally:
-        for p in peers:
-            p.kill()
-    assert f"checksum {c1}" in peers[1].communicate(timeout=30)[0]
+        peer.kill()
+    out = peer.communicate(timeout=30)[0]
+    assert f"checksum {c1}" in out and f"checksum {weights_checksum(params.items(), bc.plan)}" in out

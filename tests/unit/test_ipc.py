@@ -26,6 +26,19 @@ def test_a_cpu_buffer_is_shared_memory_a_worker_maps_by_its_json_handle_and_clos
         OpenedBuffer(h)
 
 
+def test_a_worker_maps_the_segment_without_multiprocessings_resource_tracker(monkeypatch):
+    """On Python 3.11/3.12 a SharedMemory attach registers the segment with the attaching process's resource
+    tracker, which unlinks it when that process exits: the learner's buffer would vanish with a worker."""
+    from multiprocessing import resource_tracker
+
+    buf = SharedBuffer(64, "cpu")
+    calls = []
+    monkeypatch.setattr(resource_tracker, "register", lambda *a: calls.append(a))
+    OpenedBuffer(buf.handle()).close()
+    buf.close()
+    assert calls == []
+
+
 def test_a_handle_from_another_host_is_refused_naming_the_setting():
     buf = SharedBuffer(64, "cpu")
     try:
