@@ -21,8 +21,8 @@ from transport import wire
 
 WORKER_EXTENSION = "transport.vllm_ext.BrorlWorkerExtension"
 # Our engines (transport/vllm_ext.py) on both: one protocol — buckets, versions, checksums, a rendezvous
-# per membership change — over gloo on CPUs and NCCL on GPUs.
-WEIGHT_ENGINES = {"gloo": "brorl_gloo", "nccl": "brorl_nccl"}
+# per membership change — over gloo on CPUs, NCCL on GPUs, or the learner's shared buffer on one host (ipc).
+WEIGHT_ENGINES = {"gloo": "brorl_gloo", "nccl": "brorl_nccl", "ipc": "brorl_ipc"}
 # vLLM's scheduler, sending a FINAL_ONLY request's log-probs once, at its end (actors/vllm_scheduler.py)
 FINAL_LOGPROBS_SCHEDULER = "actors.vllm_scheduler.FinalLogprobsScheduler"
 

@@ -220,7 +220,7 @@ def main() -> None:
                     help="a config override for every run and the raw engine (VALUE read as JSON, else as text), "
                          "e.g. --set learner.compile=false; repeatable")
     ap.add_argument("--share-gpu", action="store_true", help="the learner and the actor on GPU 0 (one-GPU machines: "
-                    "weights over gloo, a 24 GiB KV cache, the engine at most 0.45 of the card; config/placement.py)")
+                    "weights through the learner's shared buffer (transport.weight_backend ipc), a 24 GiB KV cache, the engine at most 0.45 of the card; config/placement.py)")
     ap.add_argument("--samples-per-step", type=int, default=SAMPLES_PER_STEP,
                     help="GPUs: samples a step holds (N = 512: one prompt per 512; more prompts a step keep the "
                          "engine full instead of draining it to one prompt's longest completion)")
@@ -245,7 +245,7 @@ def main() -> None:
     if a.raw_from and not Path(a.raw_from).is_file():
         ap.error(f"--raw-from {a.raw_from}: no such result file; run the raw engine first (a run without it)")
     if a.share_gpu:
-        a.overrides = {"actor.gpus": [0], "transport.weight_backend": "gloo", "actor.kv_cache_gib": 24,
+        a.overrides = {"actor.gpus": [0], "transport.weight_backend": "ipc", "actor.kv_cache_gib": 24,
                        "actor.gpu_memory_utilization": 0.45, **a.overrides}
     gpu = a.shape != "small"
     gpus = _gpus() if gpu else 0

@@ -2,6 +2,12 @@
 
     python -m bench.weight_sync [--quick]                    # CPU, gloo (this machine)
     python -m bench.weight_sync --backend nccl               # GPUs, NCCL (needs >= 2 GPUs)
+    python -m bench.weight_sync --backend ipc [--sizes 1.5e9] # the learner's shared buffer: GPU 0 if any, else CPU
+
+ipc: the learner packs into its persistent shared buffer (CUDA IPC on GPU 0, shared with each receiver on
+the same GPU; POSIX shared memory on CPU) and waits for every receiver's acknowledgement; each receiver maps
+the buffer once, then per update checksums every bucket in place (the engine would load from the same views).
+There is no wire: `wire_s` is the receivers' side (word sent to last acknowledgement).
 
 The learner side is the real `WeightBroadcaster` (bucket plan, packing, per-bucket checksum); each
 receiver is a separate process that joins the same kind of process group the vLLM workers join
@@ -52,6 +58,8 @@ def receiver(spec_path: str) -> None:
 
     spec = json.loads(Path(spec_path).read_text())
     rank, backend = spec["rank"], spec["backend"]
+    if backend == "ipc":
+        return ipc_receiver(spec)
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
@@ -59,6 +67,22 @@ def receiver(spec_path: str) -> None:
     pg, _store = open_group(spec["host"], spec["port"], rank, spec["world"], spec["group"], 120.0, backend)
     for _ in range(2 * spec["updates"]):  # each update: the broadcast, then its wire-only copy
         print(json.dumps({"checksum": receive_buckets(pg, plan, device)}), flush=True)
+
+
+def ipc_receiver(spec: dict) -> None:
+    from transport.ipc import OpenedBuffer, acknowledge, await_shared, read_shared
+    from transport.weights import WeightPlan, open_group
+
+    plan = WeightPlan(**spec["plan"])
+    pg, _store = open_group(spec["host"], spec["port"], spec["rank"], spec["world"], spec["group"], 120.0, "gloo")
+    buf = OpenedBuffer(spec["buffer"])
+    for v in range(1, spec["updates"] + 1):
+        await_shared(pg, v)
+        checksum = read_shared(buf.tensor, plan)
+        if buf.tensor.is_cuda:
+            torch.cuda.synchronize()
+        acknowledge(pg, v, True)
+        print(json.dumps({"checksum": checksum}), flush=True)
 
 
 def wire_only(pg, flats: list, timeout_s: float) -> None:
@@ -75,27 +99,33 @@ def case(n_params: int, receivers: int, updates: int, backend: str, bucket_mb: f
     from transport.weights import WeightBroadcaster, pack_bucket
     from transport.ports import free_port
 
-    device = "cuda:0" if backend == "nccl" else "cpu"
+    device = "cuda:0" if backend == "nccl" or (backend == "ipc" and torch.cuda.is_available()) else "cpu"
     params = make_params(n_params, device)
-    wb = WeightBroadcaster(lambda: params, bucket_mb=bucket_mb, timeout_s=300.0, backend=backend)
+    wb = WeightBroadcaster(lambda: params, bucket_mb=bucket_mb, timeout_s=300.0, backend=backend, device=device)
     info, offsets = wb.rendezvous_info(free_port(), [1] * receivers)
     tmp = Path(tempfile.mkdtemp(prefix="wsync-"))
     procs = []
     for off in offsets:
         spec = {"rank": off, "backend": backend, "plan": wb.plan.to_dict(), "host": info["master_address"],
                 "port": info["master_port"], "world": info["world_size"], "group": info["group_name"],
-                "updates": updates}
+                "updates": updates, **({"buffer": info["buffers"][off - 1]} if backend == "ipc" else {})}
         (tmp / f"{off}.json").write_text(json.dumps(spec))
         procs.append(subprocess.Popen([sys.executable, "-m", "bench.weight_sync", "--receiver", str(tmp / f"{off}.json")],
                                       cwd=ROOT, stdout=subprocess.PIPE, text=True))
 
     tensors = [t for _, t in params]
-    flats = [pack_bucket(tensors[a:b], n, device) for a, b, n in wb.plan.buckets]
+    flats = [] if backend == "ipc" else [pack_bucket(tensors[a:b], n, device) for a, b, n in wb.plan.buckets]
 
     async def go():
         await wb.open(info)
         rows = []
-        for _ in range(updates):
+        for v in range(1, updates + 1):
+            if backend == "ipc":  # no wire: the receivers' side is the wait for their acknowledgements
+                t0 = time.perf_counter()
+                checksum = await wb.broadcast(v)
+                rows.append({"total_s": time.perf_counter() - t0, "wire_s": wb.last_split["wait_s"],
+                             **wb.last_split, "checksum": checksum})
+                continue
             t0 = time.perf_counter()
             checksum = await wb.broadcast()
             total = time.perf_counter() - t0
@@ -112,7 +142,7 @@ def case(n_params: int, receivers: int, updates: int, backend: str, bucket_mb: f
             if p.poll() is None:
                 p.kill()
     got = [[json.loads(l)["checksum"] for l in o.splitlines() if l.startswith("{")] for o in outs]
-    expected = [r["checksum"] for r in rows for _ in range(2)]  # the wire-only copy carries the same bytes
+    expected = [r["checksum"] for r in rows for _ in range(1 if backend == "ipc" else 2)]  # (the wire-only copy too)
     nbytes = sum(t.numel() * t.element_size() for _, t in params)
     med = {k: statistics.median(r[k] for r in rows) for k in ("total_s", "wire_s", "pack_s", "checksum_s", "wait_s")}
     return {"backend": backend, "params": n_params, "GB": nbytes / 1e9, "receivers": receivers,
@@ -124,7 +154,10 @@ def case(n_params: int, receivers: int, updates: int, backend: str, bucket_mb: f
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    ap.add_argument("--backend", choices=["gloo", "nccl", "ipc"], default="gloo")
+    ap.add_argument("--sizes", help="parameter counts, comma-separated (e.g. 1.5e9); default: the backend's sweep")
+    ap.add_argument("--receivers", help="receiver counts, comma-separated; default: the backend's")
+    ap.add_argument("--tag", default="", help="suffix of the results' file names")
     ap.add_argument("--bucket-mb", type=float, default=256.0, help="as learner.weight_bucket_mb")
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--receiver", help=argparse.SUPPRESS)
@@ -138,9 +171,15 @@ def main() -> None:
         sizes = [10**7, 10**8, 5 * 10**8, 15 * 10**8, 7 * 10**9]
         max_recv = min(torch.cuda.device_count() - 1, 3)
         receivers = sorted({1, max_recv})
+    elif args.backend == "ipc" and torch.cuda.is_available():
+        sizes, receivers = [10**7, 10**8, 5 * 10**8, 15 * 10**8], [1]
     else:
         sizes = [10**6, 10**7, 10**8] + ([] if args.quick else [5 * 10**8, 15 * 10**8])
         receivers = [1, 2]
+    if args.sizes:
+        sizes = [int(float(x)) for x in args.sizes.split(",")]
+    if args.receivers:
+        receivers = [int(x) for x in args.receivers.split(",")]
     rows = []
     for n in sizes:
         for k in receivers:
@@ -150,7 +189,7 @@ def main() -> None:
     print(f"\nWeight broadcast, {args.backend}, bf16, buckets of {args.bucket_mb:g} MiB, median of {args.updates} updates")
     print(table(rows, ["params", "GB", "receivers", "buckets", "total_s", "wire_s", "total_over_wire", "pack_s",
                        "checksum_s", "wait_s", "wire_GB_per_s", "checksums_match"]))
-    name = "weight_sync" if args.backend == "gloo" else "weight_sync_nccl"
+    name = "weight_sync" + ("" if args.backend == "gloo" else f"_{args.backend}") + (f"_{args.tag}" if args.tag else "")
     path = write_json(name, {"bucket_mb": args.bucket_mb, "rows": rows})
     _plot(rows, path.with_suffix(".png"), args.backend)
     print(f"\nwrote {path}")

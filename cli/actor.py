@@ -21,7 +21,11 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     from actors.actor import log, main as serve
     from actors.verifier_set import EXIT_REFUSED, ActorRefused
 
+    from transport.ipc import remote_learner
+
     try:
+        if why := remote_learner(cfg.transport.weight_backend, ep.host):  # refused before it loads a model
+            raise ActorRefused(why)
         return serve(cfg, args.actor_id, ep)
     except ActorRefused as e:  # the launcher does not restart an actor that exits with EXIT_REFUSED
         from transport import events

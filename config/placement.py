@@ -11,7 +11,8 @@ share one core while the others idle. `cpu_cores` splits this host's cores betwe
 (vLLM's `VLLM_CPU_OMP_THREADS_BIND`); a single actor keeps vLLM's own binding.
 
 A GPU may be shared by the learner and an actor (a one-GPU machine: `learner.gpus = [0]`, `actor.gpus = [0]`)
-when the job is set up for it: weights travel over gloo (NCCL refuses two ranks of one group on one GPU), the
+when the job is set up for it: weights go from the learner's shared buffer on the card into the engine
+(`transport.weight_backend = "ipc"`; gloo also works, through host memory; NCCL refuses two ranks of one group on one GPU), the
 engine's KV cache has a fixed size (`actor.kv_cache_gib`: vLLM sizes it by profiling the GPU's free memory at
 start, which the learner's allocations change under it) and `actor.gpu_memory_utilization` ≤ 0.5 (vLLM checks
 that much is free when it starts; the learner needs the rest). A GPU listed for both roles without that
@@ -89,8 +90,8 @@ SHARE_UTILIZATION = 0.5
 def _unshareable(cfg: BrorlConfig) -> str:
     """What keeps the learner and an actor from sharing a GPU under this config ("" when nothing does)."""
     act = cfg.actor
-    need = [f"set transport.weight_backend = \"gloo\" (it is {cfg.transport.weight_backend!r}: NCCL refuses two ranks "
-            f"on one GPU)"] * (cfg.transport.weight_backend != "gloo")
+    need = [f"set transport.weight_backend = \"ipc\" (it is {cfg.transport.weight_backend!r}: NCCL refuses two ranks "
+            f"on one GPU; ipc hands the engine the learner's weights on the card)"] * (cfg.transport.weight_backend == "nccl")
     need += ["set actor.kv_cache_gib (the engine's KV cache in GiB: vLLM cannot size it by profiling while the "
              "learner allocates on the same GPU)"] * (not act.kv_cache_gib)
     need += [f"set actor.gpu_memory_utilization ≤ {SHARE_UTILIZATION} (it is {act.gpu_memory_utilization}: the learner "
@@ -146,6 +147,11 @@ def place(cfg: BrorlConfig, visible: int) -> Placement:
                              f"actor.num_actors, or place the roles with learner.gpus / actor.gpus (the learner "
                              f"and an actor may share a GPU: docs/configuration.md, \"GPU placement\")")
         pool = pool[:need]
+    apart = sorted(set(pool[:need]) - set(learner))
+    if cfg.transport.weight_backend == "ipc" and learner and apart:  # a role sees only its own GPUs
+        raise ValueError(f"transport.weight_backend = \"ipc\" maps the learner's GPU memory into the actors' engines, "
+                         f"but actors are placed on GPU {_ids(apart)}, which they alone see: set "
+                         f"transport.weight_backend = \"nccl\", or share the learner's GPU (actor.gpus)")
     return Placement(learner, [pool[i * tp:(i + 1) * tp] for i in range(act.num_actors)])
 
 

@@ -36,8 +36,12 @@ class TransportConfig(Section):
     keys_dir: str = "runs/keys"
     """Folder of CURVE keys written by `brorl keys`."""
 
-    weight_backend: Literal["gloo", "nccl"] = "gloo"
-    """torch.distributed backend of the weight broadcast: gloo on CPUs, nccl on GPUs."""
+    weight_backend: Literal["gloo", "nccl", "ipc"] = "gloo"
+    """How new weights reach the actors' vLLM engines: "gloo" (any host, CPU or GPU, through host memory),
+    "nccl" (GPUs, each on its own card), or "ipc" (learner and actors on one host, a GPU shared or not: the
+    learner keeps a persistent buffer of the whole model in the serving dtype, on its device — CUDA IPC —
+    or in POSIX shared memory on CPU, and each update is a copy into it and, per worker, out of it; an actor
+    on another host is refused at start, and on GPUs every actor must share the learner's GPU)."""
 
     weight_bucket_mb: int = Field(256, ge=1)
     """Size of one broadcast bucket, MiB: bounds the extra memory of a weight update."""

@@ -119,7 +119,8 @@ class LearnerService(Intake):
         self.broadcaster = WeightBroadcaster(lambda: self.ranks.shapes(self.trainer), dtype=self.serving_dtype,
                                              bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
                                              backend=t.weight_backend, host=t.host,
-                                             bucket_tensors=lambda a, b: self.ranks.entries(self.trainer, a, b))
+                                             bucket_tensors=lambda a, b: self.ranks.entries(self.trainer, a, b),
+                                             device=next(self.trainer.model.parameters()).device)
         self.metrics = MetricsWriter(cfg.run.run_dir, cfg.run.wandb_project or None, cfg.run.wandb_mode)
         # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
         self.ledger = open_append(Path(cfg.run.run_dir) / "ledger.jsonl")
@@ -244,7 +245,8 @@ class LearnerService(Intake):
         try:
             if self.members.group != alive:
                 tp = self.cfg.actor.tensor_parallel_size  # each worker of a TP engine is a rank (vllm_ext)
-                info, offsets = self.broadcaster.rendezvous_info(free_port(self.cfg.transport.host), [tp] * len(alive))
+                info, offsets = self.broadcaster.rendezvous_info(free_port(self.cfg.transport.host), [tp] * len(alive),
+                                                                 names=alive)
                 await self.sockets.control.publish("weights", rendezvous=info, plan=self.broadcaster.plan.to_dict(),
                                                    offsets=dict(zip(alive, offsets)))
                 forming = (info["group_name"], time.monotonic())
@@ -252,7 +254,7 @@ class LearnerService(Intake):
                 forming = None
                 self.members.joined(alive)
             await self.sockets.control.publish("version", version=self.version)
-            self.members.expect(self.version, await self.broadcaster.broadcast())
+            self.members.expect(self.version, await self.broadcaster.broadcast(self.version))
             self.members.synced_version = self.version
         except WeightSyncError as e:
             log.error("weight sync for version %d failed: %s; regrouping with live actors", self.version, e)

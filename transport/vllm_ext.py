@@ -1,6 +1,6 @@
 """Code that runs inside vLLM's worker processes.
 
-Importing this module registers the `brorl_gloo` and `brorl_nccl` weight-transfer engines with vLLM's
+Importing this module registers the `brorl_gloo`, `brorl_nccl` and `brorl_ipc` weight-transfer engines with vLLM's
 `WeightTransferEngineFactory`. vLLM imports it in every worker because the engine is started with
 `worker_extension_cls="transport.vllm_ext.BrorlWorkerExtension"`, which happens before the worker
 creates its weight-transfer engine (vLLM 0.26 and 0.32 both resolve the extension class first).
@@ -9,6 +9,12 @@ creates its weight-transfer engine (vLLM 0.26 and 0.32 both resolve the extensio
 through the model's `load_weights` inside vLLM's layerwise-reload lifecycle (the route vLLM's own NCCL
 engine takes; plain in-place `load_weights` after start-up fails on the CPU backend). It records the
 version and checksum of what it loaded, which `BrorlWorkerExtension.brorl_weight_state` reports.
+`NcclWeightTransferEngine` is the same over NCCL into device buffers. `IpcWeightTransferEngine`
+(`transport.weight_backend = "ipc"`, learner and actors on one host) maps the learner's persistent
+shared buffer once, at the rendezvous (transport/ipc.py); each update it waits on its gloo group for
+"version v is in the buffer", loads the buckets from the buffer by the same layerwise-reload route, and
+acknowledges once the reload is finished (the learner writes the buffer again only after every
+acknowledgement).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from transport.ipc import SETTING as IPC_SETTING
+from transport.ipc import OpenedBuffer, acknowledge, await_shared, read_shared
 from transport.weights import (
     WeightPlan,
     open_group,
@@ -42,6 +50,8 @@ class GlooInitInfo(WeightTransferInitInfo):
     group_name: str
     rank_offset: int = 1
     timeout_s: float = 120.0
+    buffers: list[dict[str, Any]] = field(default_factory=list)
+    """ipc: one handle to the learner's shared weight buffer per receiving rank (transport/ipc.py)."""
 
 
 @dataclass
@@ -61,11 +71,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     init_info_cls = GlooInitInfo
     update_info_cls = GlooUpdateInfo
     backend = "gloo"
+    requires_buffer = False  # ipc's engine: only a group with a shared buffer may be joined
 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self.pg = None
         self._store = None
+        self.shared: OpenedBuffer | None = None  # ipc: the learner's buffer, mapped here at the rendezvous
+        self._unacknowledged: int | None = None  # ipc: the version read from it, acknowledged once loaded
         self.version = -1
         self.checksum = ""
         self.timeout_s = 120.0  # the group's (transport.weight_timeout_s), set when it is joined
@@ -75,9 +88,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         dp_rank = getattr(pc, "data_parallel_index", getattr(pc, "data_parallel_rank", 0)) or 0
         rank = init_info.rank_offset + dp_rank * pc.world_size + pc.rank
         self.shutdown()
+        if self.requires_buffer and not init_info.buffers:
+            raise RuntimeError(f"this engine is set up for {IPC_SETTING} but the learner's weight group has no "
+                               f"shared buffer: set the same transport.weight_backend for the learner and actors")
+        if init_info.buffers:  # ipc: data through the shared buffer, the group only says when (gloo, small)
+            self.shared = OpenedBuffer(init_info.buffers[rank - 1])
         self.pg, self._store = open_group(init_info.master_address, init_info.master_port, rank,
                                           init_info.world_size, init_info.group_name, init_info.timeout_s,
-                                          self.backend)
+                                          "gloo" if init_info.buffers else self.backend)
         self.timeout_s = init_info.timeout_s
 
     def start_weight_update(self) -> None:
@@ -88,18 +106,45 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
-        reprepack_cpu_moe(self.model)
+        version, self._unacknowledged = self._unacknowledged, None
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+            reprepack_cpu_moe(self.model)
+            if version is not None and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # every copy out of the shared buffer is done
+        except BaseException:
+            if version is not None:
+                acknowledge(self.pg, version, False)
+            raise
+        if version is not None:  # the learner may write the shared buffer again
+            acknowledge(self.pg, version, True)
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.pg is None:
             raise RuntimeError("brorl_gloo: update before init_weight_transfer_engine")
         plan = WeightPlan(update_info.names, update_info.dtype_names, update_info.shapes, update_info.buckets)
+        if self.shared is not None:
+            self._receive_shared(plan, update_info.version)
+            return
         device = self.device if self.backend == "nccl" else "cpu"
         self.checksum = receive_buckets(self.pg, plan, device,
                                         lambda flat, a, b: self.model.load_weights(unpack_bucket(flat, plan, a, b)),
                                         self.timeout_s)
         self.version = update_info.version
+
+    def _receive_shared(self, plan: WeightPlan, version: int) -> None:
+        """ipc: wait for the learner's word, then load from the shared buffer; acknowledged in
+        `finish_weight_update` once the layerwise reload has finished with the buffer (a failure here is
+        acknowledged at once, so the learner need not wait out its timeout)."""
+        self._unacknowledged = None
+        await_shared(self.pg, version)
+        try:
+            self.checksum = read_shared(self.shared.tensor, plan,
+                                        lambda flat, a, b: self.model.load_weights(unpack_bucket(flat, plan, a, b)))
+        except BaseException:
+            acknowledge(self.pg, version, False)
+            raise
+        self.version, self._unacknowledged = version, version
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # vLLM 0.32's base class synchronizes an accelerator afterwards; on CPU there is none to wait on.
@@ -108,6 +153,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def shutdown(self) -> None:
         release_group(self.pg)
         self.pg, self._store = None, None
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
 
     @classmethod
     def trainer_send_weights(cls, *args: Any, **kwargs: Any) -> None:
@@ -153,8 +201,21 @@ class NcclWeightTransferEngine(GlooWeightTransferEngine):
         torch.cuda.synchronize()
 
 
+class IpcWeightTransferEngine(GlooWeightTransferEngine):
+    """`transport.weight_backend = "ipc"`: the learner's shared buffer (CUDA IPC or POSIX shared memory) as the
+    data plane, a gloo group of its own for "version v is in the buffer" and the acknowledgements."""
+
+    requires_buffer = True
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
 def register() -> None:
-    for name, cls in (("brorl_gloo", GlooWeightTransferEngine), ("brorl_nccl", NcclWeightTransferEngine)):
+    for name, cls in (("brorl_gloo", GlooWeightTransferEngine), ("brorl_nccl", NcclWeightTransferEngine),
+                      ("brorl_ipc", IpcWeightTransferEngine)):
         try:
             WeightTransferEngineFactory.register_engine(name, cls)
         except ValueError:

@@ -3,8 +3,8 @@
 Learner side: `WeightBroadcaster`. Actor side: `WeightReceiver`, which drives vLLM's weight-transfer API
 (`init_weight_transfer_engine`, `start_weight_update`, `update_weights`, `finish_weight_update`, all
 worker methods reached through `collective_rpc`, present in vLLM 0.26 and 0.32 alike) with the engine
-we register, `brorl_gloo` on CPUs and `brorl_nccl` on GPUs (`transport/vllm_ext.py`): one protocol over
-either backend. (vLLM's own `nccl` engine speaks a different, packed protocol driven from a trainer that
+we register, `brorl_gloo` on CPUs, `brorl_nccl` on GPUs, `brorl_ipc` on one host (`transport/vllm_ext.py`):
+one protocol over every backend. (vLLM's own `nccl` engine speaks a different, packed protocol driven from a trainer that
 holds the engine client; ours lets actors join and leave a running job, so we keep one engine for both.)
 
 Protocol:
@@ -24,13 +24,15 @@ Protocol:
      with its own (`weights_checksum`).
 A receiver that is missing or dead makes the broadcast fail within `timeout_s` (the gloo group's
 timeout) with `WeightSyncError`, never a hang.
+ipc (`transport/ipc.py`): the rendezvous also hands each worker a handle to the learner's persistent buffer
+of every bucket; an update packs into it, tells the group "version v is in the buffer" and waits for every
+worker's acknowledgement (loaded, or failed) before it may write the buffer again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -39,8 +41,9 @@ from typing import Any, Callable, Iterable
 import torch
 
 from transport.blocking import in_daemon_thread
+from transport.ipc import SharedBuffer, send_shared
 from transport.checksum import bucket_checksum, bucket_checksum_tensor, checksum_values, combine_checksums
-from transport.ports import route_to
+from transport.groups import open_group, release_group  # noqa: F401  (where the weight group's users find them)
 
 ALIGN = 16  # every tensor starts at a multiple of 16 bytes in its bucket, so views of any dtype work
 
@@ -135,37 +138,6 @@ def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan
     return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n, "cpu", dtype)) for a, b, n in plan.buckets])
 
 
-def open_group(host: str, port: int, rank: int, world_size: int, group_name: str, timeout_s: float,
-               backend: str = "gloo"):
-    """A process group of its own (not the default one): TCPStore rendezvous + gloo (or NCCL). Rank 0's
-    store listens on `host` only (TCPStore by itself would listen on every interface). gloo's transfers use
-    the address each rank reaches the others by: `host` on rank 0, on the others their own address on the
-    route to it. (gloo by itself takes the address this machine's hostname resolves to, which on a host
-    with several networks need not be the one the learner can reach: the transfers then fail.)"""
-    import socket
-
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    listen = None
-    if rank == 0:
-        listen = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listen.bind((host, port))
-        listen.listen(1024)
-    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False,
-                          master_listen_fd=None if listen is None else listen.detach())  # the store owns it now
-    prefixed = dist.PrefixStore(group_name, store)
-    if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host if rank == 0 else route_to(host, port))]
-        return dist.ProcessGroupGloo(prefixed, rank, world_size, opts), store
-    opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = timeout
-    return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts), store
-
-
 def start_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset(),
                  timeout_s: float = 120.0) -> Callable[[], set[int]]:
     """Start moving one bucket from rank 0 to every other rank of `pg`; returns `finish`, which waits until it
@@ -236,11 +208,11 @@ def receive_buckets(pg, plan: WeightPlan, device: torch.device | str = "cpu",
 
 
 class WeightBroadcaster:
-    """Learner side: owns rank 0 of the weight group and the plan."""
+    """Learner side: owns rank 0 of the weight group and the plan (and, for ipc, the shared buffer)."""
 
     def __init__(self, named_params, *, bucket_mb: float = 256, timeout_s: float = 120.0,
                  backend: str = "gloo", host: str = "127.0.0.1", dtype: torch.dtype | None = None,
-                 bucket_tensors=None):
+                 bucket_tensors=None, device: torch.device | str | None = None):
         self.named_params = named_params  # callable -> iterable of (name, tensor), HF names
         self.dtype = dtype  # the serving dtype floating-point tensors are sent in (None: as they are)
         self.plan = make_plan(named_params(), bucket_mb, dtype)
@@ -254,20 +226,30 @@ class WeightBroadcaster:
         self.pg = None
         self._store = None
         self.world_size = 1
+        self.device = torch.device(device or "cpu")  # ipc: where the shared buffer lives (the learner's weights)
+        self.buffer: SharedBuffer | None = None  # ipc: made at the first rendezvous, kept while updates succeed
+        self.rank_names: dict[int, str] = {}  # rank -> the receiver it is, for errors
         self.last_split: dict[str, float] = {}
         """Host seconds of the last broadcast spent packing buckets, checksumming them and waiting for the wire
         (packing and checksumming overlap the transfer; on a GPU they are queued, not waited for)."""
 
-    def rendezvous_info(self, port: int, workers: list[int]) -> tuple[dict[str, Any], list[int]]:
-        """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset."""
-        offsets, nxt = [], 1
-        for w in workers:
-            offsets.append(nxt)
-            nxt += w
-        self.world_size = nxt
+    def rendezvous_info(self, port: int, workers: list[int],
+                        names: list[str] | None = None) -> tuple[dict[str, Any], list[int]]:
+        """Init info for a new group (world = 1 + Σ workers) and each actor's rank offset (`names`: the actors,
+        for errors). ipc: the info carries one handle to the shared buffer per receiving rank."""
+        offsets = [1 + sum(workers[:i]) for i in range(len(workers))]
+        self.world_size = nxt = 1 + sum(workers)
+        self.rank_names = {o + k: n if w == 1 else f"{n} (worker {k})" for o, w, n in
+                           zip(offsets, workers, names or [f"rank {o}" for o in offsets]) for k in range(w)}
         info = {"master_address": self.host, "master_port": port, "world_size": nxt,
                 "group_name": f"brorl-{uuid.uuid4().hex[:12]}", "timeout_s": self.timeout_s}
+        if self.backend == "ipc":
+            self.buffer = self.buffer or SharedBuffer(sum(n for *_, n in self.plan.buckets), self.device)
+            info["buffers"] = [self.buffer.handle() for _ in range(nxt - 1)]
         return info, offsets
+
+    def _who(self, ranks) -> str:
+        return ", ".join(self.rank_names.get(r, f"rank {r}") for r in sorted(ranks))
 
     async def open(self, info: dict[str, Any]) -> None:
         """Rank 0 of the group; completes once every receiver has joined (or raises after timeout)."""
@@ -275,7 +257,7 @@ class WeightBroadcaster:
         try:
             self.pg, self._store = await asyncio.wait_for(in_daemon_thread(
                 open_group, self.host, info["master_port"], 0, info["world_size"], info["group_name"],
-                self.timeout_s, self.backend), self.timeout_s + 5)
+                self.timeout_s, "gloo" if self.backend == "ipc" else self.backend), self.timeout_s + 5)
         except Exception as e:
             raise WeightSyncError(f"weight group rendezvous failed ({info['world_size'] - 1} receivers "
                                   f"expected): {type(e).__name__}: {e}") from e
@@ -322,34 +304,37 @@ class WeightBroadcaster:
         split["wait_s"] += time.perf_counter() - t3
         self.last_split = split
         if failed:  # the others received all of it; these did not
-            raise WeightSyncError(f"receivers at ranks {sorted(failed)} of {self.world_size - 1} failed; the "
-                                  f"others received the whole update")
+            raise WeightSyncError(f"receivers at ranks {sorted(failed)} of {self.world_size - 1} failed; the others "
+                                  f"received the whole update (failed: {self._who(failed)})")
         return combine_checksums(checksum_values(sums))
 
-    async def broadcast(self) -> str:
-        """Send every bucket; returns the checksum the receivers must report."""
+    def _send_shared(self, version: int) -> str:
+        checksum, failed, self.last_split = send_shared(self.pg, self.buffer.tensor, self.plan, self.bucket_tensors,
+                                                        self.dtype, version, self.world_size, self.timeout_s)
+        if failed:
+            raise WeightSyncError(f"receivers {self._who(failed)} ({len(failed)} of {self.world_size - 1}) did not "
+                                  f"acknowledge version {version} within {self.timeout_s:g} s "
+                                  f"(transport.weight_timeout_s) or failed to load it")
+        return checksum
+
+    async def broadcast(self, version: int = 0) -> str:
+        """Send every bucket (ipc: publish `version` in the shared buffer); returns the checksum the receivers
+        must report."""
         if self.pg is None:
             raise WeightSyncError("no weight group: call open() after a rendezvous first")
+        send = (lambda: self._send_shared(version)) if self.backend == "ipc" else self._send_all
         try:
-            return await asyncio.wait_for(in_daemon_thread(self._send_all), self.timeout_s + 5)
+            return await asyncio.wait_for(in_daemon_thread(send), self.timeout_s + 5)
         except Exception as e:
             self.close()
+            if self.buffer is not None:  # a receiver may still read it: never written again, the next
+                self.buffer.close()      # rendezvous hands out a new one
+                self.buffer = None
             raise WeightSyncError(f"weight broadcast failed: {type(e).__name__}: {str(e)[:300]}") from e
 
     def close(self) -> None:
         release_group(self.pg)
         self.pg, self._store = None, None
-
-
-def release_group(pg) -> None:
-    """Let go of a weight group now. An NCCL communicator is aborted: left to its destructor, it would wait
-    for its kernels, and a broadcast stuck on a receiver that died never ends (the process then hangs at
-    exit). gloo needs nothing."""
-    if pg is not None and "NCCL" in type(pg).__name__:
-        try:
-            pg.abort()
-        except Exception:  # already aborted by its watchdog
-            pass
 
 
 class WeightReceiver:

@@ -95,6 +95,51 @@ async def test_broadcast_into_running_vllm_engine(vllm_engine, tiny_cfg, tiny_mo
 
 
 @pytest.mark.vllm
+async def test_ipc_update_into_running_vllm_engine(vllm_engine, tiny_model_dir):
+    """transport.weight_backend = "ipc" on CPU: the engine's worker maps the learner's shared buffer once, at
+    the rendezvous; two updates through it (new weights, then the originals) each load by the layerwise
+    reload route, report the learner's checksum, and change what the engine generates."""
+    from transformers import AutoModelForCausalLM
+    from vllm import SamplingParams
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=8)
+    prompts = ["3+4=", "12-5=", "7+7="]
+
+    def vllm_greedy():
+        return [list(o.outputs[0].token_ids) for o in vllm_engine.generate(prompts, greedy, use_tqdm=False)]
+
+    def hf_greedy():
+        out = []
+        for o in vllm_engine.generate(prompts, greedy, use_tqdm=False):
+            ids = torch.tensor([o.prompt_token_ids])
+            out.append(model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8, eos_token_id=None)
+                       [0, ids.shape[1]:].tolist()[: len(o.outputs[0].token_ids)])
+        return out
+
+    before = vllm_greedy()
+    rx = WeightReceiver(vllm_engine, is_async=False)
+    bc = WeightBroadcaster(lambda: model.state_dict().items(), bucket_mb=0.25, timeout_s=30, backend="ipc")
+    info, offs = bc.rendezvous_info(free_port(), [1], names=["engine"])
+    await asyncio.gather(bc.open(info), rx.join(info, offs[0], bc.plan.to_dict()))  # the handle, once
+    try:
+        torch.manual_seed(3)
+        for version in (1, 2):
+            with torch.no_grad():
+                for k, p in model.state_dict().items():
+                    p.copy_(original[k] + torch.randn_like(p) * 0.5 if version == 1 else original[k])
+            sent, got = await asyncio.gather(bc.broadcast(version), rx.receive(version))
+            assert got == (version, sent) and sent == weights_checksum(model.state_dict().items(), bc.plan)
+            now = vllm_greedy()
+            assert now == hf_greedy()
+            assert (now != before) if version == 1 else (now == before)
+    finally:
+        rx.plan = None
+        bc.buffer.close()
+
+
+@pytest.mark.vllm
 async def test_logprobs_sent_at_the_end_equal_vllms_per_step(tiny_cfg):
     """The actor's engine sends a FINAL_ONLY request's log-probs once, at its end (actors/vllm_scheduler.py):
     the same tokens and log-probs as vLLM's per-step delivery; a request with stop strings (which the

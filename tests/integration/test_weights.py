@@ -301,3 +301,32 @@ def test_weights_travel_in_the_serving_dtype_packed_one_tensor_at_a_time():
         for name, t in unpack_bucket(pack_bucket(tensors[a:b], n, "cpu", torch.bfloat16), plan, a, b):
             src = params[name]
             assert torch.equal(t, src.to(torch.bfloat16) if src.is_floating_point() else src), name
+
+
+async def test_ipc_update_is_acknowledged_and_a_receiver_that_never_acknowledges_is_named():
+    """transport.weight_backend = "ipc" on CPU: the learner's buffer in POSIX shared memory, handed out once at
+    the rendezvous; the receiver checksums what it reads there and acknowledges. One that never acknowledges
+    makes the update an error naming it, within the timeout, and the buffer is never written again."""
+    from pathlib import Path as P
+
+    params = toy_params()
+    bc = WeightBroadcaster(lambda: params.items(), bucket_mb=0.1, timeout_s=30, backend="ipc")
+    info, offs = bc.rendezvous_info(free_port(), [1], names=["actor-b"])
+    (handle,) = info["buffers"]
+    assert handle["kind"] == "shm" and handle["nbytes"] == sum(n for *_, n in bc.plan.buckets)
+    peer = _peer(info["master_port"], offs[0], 2, info["group_name"], bc.plan, 2, "ipc_hold", json.dumps(handle))
+    try:
+        await bc.open(info)
+        c1 = await bc.broadcast(1)
+        assert c1 == weights_checksum(params.items(), bc.plan)
+        params["a.weight"].mul_(2)
+        bc.timeout_s = 2.0
+        t = time.monotonic()
+        with pytest.raises(WeightSyncError, match=r"receivers actor-b \(1 of 1\) did not acknowledge version 2 within 2 s"):
+            await bc.broadcast(2)
+        assert time.monotonic() - t < 10
+        assert not (P("/dev/shm") / handle["name"]).exists() and bc.buffer is None  # the next rendezvous: a new one
+    finally:
+        peer.kill()
+    out = peer.communicate(timeout=30)[0]
+    assert f"checksum {c1}" in out and f"checksum {weights_checksum(params.items(), bc.plan)}" in out

@@ -17,11 +17,11 @@ def broadcast_into(llm, model: torch.nn.Module, backend: str, dtype: torch.dtype
         if device is not None:
             torch.cuda.set_device(device)
         bc = WeightBroadcaster(lambda: model.state_dict().items(), bucket_mb=0.5, timeout_s=60, backend=backend,
-                               dtype=dtype)
+                               dtype=dtype, device=device)
         rx = WeightReceiver(llm, is_async=False)
         info, offs = bc.rendezvous_info(free_port(), [1])
         await asyncio.gather(bc.open(info), rx.join(info, offs[0], bc.plan.to_dict()))
-        return await asyncio.gather(bc.broadcast(), rx.receive(1))
+        return await asyncio.gather(bc.broadcast(1), rx.receive(1))
 
     sent, got = asyncio.run(sync())
     return sent, got

@@ -59,21 +59,29 @@ def test_double_booking_and_miscounts_fail_at_load(over, match):
         cfg(**over)
 
 
-SHARED = {"learner.gpus": [0], "actor.gpus": [0], "transport.weight_backend": "gloo", "actor.kv_cache_gib": 16,
+SHARED = {"learner.gpus": [0], "actor.gpus": [0], "transport.weight_backend": "ipc", "actor.kv_cache_gib": 16,
           "actor.gpu_memory_utilization": 0.3}
 
 
 def test_the_learner_and_an_actor_share_one_gpu_when_the_job_is_set_up_for_it():
     c = cfg(**SHARED)
     assert place(c, 1) == Placement([0], [[0]])
+    assert place(cfg(**{**SHARED, "transport.weight_backend": "gloo"}), 1) == Placement([0], [[0]])  # slower, allowed
     assert place(c, 1).describe() == "learner GPU 0, actor-0 GPU 0 (shared with the learner)"
     # learner.device names the GPU instead of learner.gpus: the same rule at launch
     c = cfg(**{**{k: v for k, v in SHARED.items() if k != "learner.gpus"}, "learner.device": "cuda:0"})
     assert place(c, 1) == Placement([0], [[0]])
 
 
+def test_ipc_weights_need_every_actor_on_the_learners_gpu():
+    with pytest.raises(ValueError, match=r'transport.weight_backend = "ipc" maps the learner\'s GPU memory .* actors '
+                                         r'are placed on GPU 1, which they alone see: set transport.weight_backend = "nccl"'):
+        place(cfg(**{"transport.weight_backend": "ipc"}), 2)
+    assert place(load_config("tiny-cpu", {"transport.weight_backend": "ipc"}), 0) == Placement()  # CPU: shared memory
+
+
 @pytest.mark.parametrize("field, value, match", [
-    ("transport.weight_backend", "nccl", r"set transport.weight_backend = \"gloo\" \(it is 'nccl': NCCL refuses"),
+    ("transport.weight_backend", "nccl", r"set transport.weight_backend = \"ipc\" \(it is 'nccl': NCCL refuses"),
     ("actor.kv_cache_gib", 0, r"set actor.kv_cache_gib \(the engine's KV cache"),
     ("actor.gpu_memory_utilization", 0.85, r"set actor.gpu_memory_utilization ≤ 0.5 \(it is 0.85"),
 ])
