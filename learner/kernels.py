@@ -62,6 +62,22 @@ def _fn(name: str, compiled: bool):
     return _compiled[name]
 
 
+_MIXED_MM = [True]  # does this torch have a bf16 × bf16 → float32 addmm (CUDA)? Cleared at its first failure
+
+
+def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """acc + a @ b, acc float32: on CUDA with low-precision a, b in one matmul writing float32 (no low-precision
+    [V, H] product to cast and add: a chunk's weight gradient is the size of the head)."""
+    if a.dtype != acc.dtype and a.is_cuda and _MIXED_MM[0]:
+        try:
+            return torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)  # torch ≥ 2.8, as Liger accumulates
+        except (TypeError, RuntimeError, NotImplementedError) as e:
+            _MIXED_MM[0] = False
+            log.info("learner.logprob_kernel: no float32-output addmm here (%s); the head's gradient is cast and added",
+                     str(e).splitlines()[0][:120])
+    return acc.add_(a @ b)
+
+
 def _autocast_state(dev: torch.device) -> tuple[bool, torch.dtype]:
     return torch.is_autocast_enabled(dev.type), torch.get_autocast_dtype(dev.type)
 
@@ -99,8 +115,10 @@ class ChunkedLinearLogprob(torch.autograd.Function):
             if need_w else None
         gb = torch.zeros(bias.shape, dtype=torch.promote_types(bias.dtype, torch.float32), device=bias.device) \
             if need_b else None
-        with torch.autocast(h.device.type, dtype=dtype, enabled=enabled):
-            w_c = weight.to(dtype) if enabled else weight  # the matmuls' dtype, as autocast casts for the head
+        # autocast off, the casts explicit: the matmuls in autocast's dtype, as the head's own backward; the
+        # float32 accumulation of the weight's gradient left in float32
+        with torch.autocast(h.device.type, enabled=False):
+            w_c = weight.to(dtype) if enabled else weight
             for a in range(0, h.shape[0], ctx.rows):
                 b = min(a + ctx.rows, h.shape[0])
                 h_c = h[a:b].to(dtype) if enabled else h[a:b]
@@ -109,7 +127,7 @@ class ChunkedLinearLogprob(torch.autograd.Function):
                 if need_h:
                     gh[a:b] = (gl @ w_c).to(h.dtype)
                 if need_w:
-                    gw += (gl.t() @ h_c).to(gw.dtype)
+                    gw = _accumulate(gw, gl.t(), h_c)
                 if need_b:
                     gb += gl.sum(0).to(gb.dtype)
         return (gh, None if gw is None else gw.to(weight.dtype), None if gb is None else gb.to(bias.dtype),
@@ -159,9 +177,15 @@ def linear_logprob(h: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor
     if kernel == "liger":
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
+        M, H = h.shape
+        V = head.weight.shape[0]
+        # Liger cuts the rows into ~V / (c · H) chunks whatever their number: c sized so that a chunk holds about
+        # `rows` rows, as ours do (few chunks: each adds a whole head-sized weight gradient)
+        c = max(1, round(rows * V / max(1, M * H)))
         loss = LigerFusedLinearCrossEntropyFunction.apply(
             (h / temperature).contiguous(), head.weight, targets.contiguous(),
-            None if bias is None else bias / temperature, None, -100, 0.0, 0.0, "none")[0]
+            None if bias is None else bias / temperature, None, -100, 0.0, 0.0, "none", None, False, None, False,
+            False, False, None, None, c)[0]
         return -loss.float(), None
     raise ValueError(f"linear_logprob: no fused path {kernel!r}")
 
