@@ -95,10 +95,16 @@ class ChunkedLinearLogprob(torch.autograd.Function):
         logp = torch.empty(M, dtype=out_dtype, device=dev)
         lse = torch.empty(M, dtype=out_dtype, device=dev)
         ent = torch.empty(M, dtype=out_dtype, device=dev)
-        for a in range(0, M, rows):
-            b = min(a + rows, M)
-            lp, ls, en = stats(F.linear(h[a:b], weight, bias), targets[a:b], temperature)
-            logp[a:b], lse[a:b], ent[a:b] = lp, ls, en
+        enabled, dtype = ctx.amp
+        with torch.autocast(dev.type, enabled=False):  # the head's weight cast once, not once per chunk
+            w_c = weight.to(dtype) if enabled else weight
+            b_c = None if bias is None else bias.to(w_c.dtype)
+            for a in range(0, M, rows):
+                b = min(a + rows, M)
+                h_c = h[a:b].to(dtype) if enabled else h[a:b]
+                lp, ls, en = stats(F.linear(h_c, w_c, b_c), targets[a:b], temperature)
+                logp[a:b], lse[a:b], ent[a:b] = lp, ls, en
+            del w_c
         ctx.save_for_backward(h, weight, bias, targets, lse)
         ctx.temperature, ctx.rows, ctx.compiled = temperature, rows, compiled
         ctx.mark_non_differentiable(ent)
@@ -154,12 +160,12 @@ def resolve(kernel: str, h: torch.Tensor, head: torch.nn.Module) -> str:
     if kernel not in KERNELS:
         raise ValueError(f"learner.logprob_kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     why, run = None, kernel
-    if kernel != "off" and hasattr(head.weight, "ds_id"):
+    if kernel != "off" and not isinstance(getattr(head, "weight", None), torch.Tensor):
+        why, run = f"the LM head ({type(head).__name__}) has no weight tensor", "off"
+    elif kernel != "off" and hasattr(head.weight, "ds_id"):
         why, run = "the LM head's weight is partitioned (ZeRO-3)", "off"
     elif kernel == "liger" and (h.device.type != "cuda" or liger_available()):
         why, run = ("the rows are not on a CUDA device" if h.device.type != "cuda" else liger_available()), "chunked"
-    if kernel != "off" and not isinstance(getattr(head, "weight", None), torch.Tensor):
-        why, run = f"the LM head ({type(head).__name__}) has no weight tensor", "off"
     if (kernel, run) not in _said:
         _said.add((kernel, run))
         log.info("learner.logprob_kernel = %s: the %s log-prob path runs%s", kernel, run,
