@@ -92,6 +92,8 @@ def main() -> None:
     ap.add_argument("--mfu-add", default="", help="GPU mode: more MFU cases, a JSON list of learner settings "
                     "over the compiled 4k-token case (e.g. '[{\"backend\": \"torch\"}]'), run and merged into the "
                     "kept rows (a row with the same settings is replaced)")
+    ap.add_argument("--kernels", default="", help="GPU mode: the log-prob and layer kernels compared, one set "
+                    "(fixed, fixed-liger, fixed-memory, realistic, realistic-liger; bench/learner_gpu.py), merged into the MFU rows")
     ap.add_argument("--tag", default="", help="GPU mode: results file suffix (bench/results/learner_gpu_TAG.json)")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -110,7 +112,8 @@ def main() -> None:
     if args.gpu:
         from bench import learner_gpu
 
-        return learner_gpu.main(quick=args.quick, only=args.only, mfu_add=args.mfu_add, tag=args.tag)
+        return learner_gpu.main(quick=args.quick, only=args.only, mfu_add=args.mfu_add, tag=args.tag,
+                                kernels=args.kernels)
 
     from bench.common import run_isolated, stamp, table, write_json
 

@@ -16,6 +16,11 @@ Cases:
             completions, N = 64: the saving per sample does not depend on N once a pass holds a group)
   preset    (tests/gpu) one step with a preset's learner settings and N: the paper's presets train on a GPU
   scale     ZeRO-2 on 1, 2 and 4 ranks (as many as there are GPUs), the same step (8 groups × N = 64, 256 + 1,024 tokens), second step timed
+  kernels   (`--kernels SET`, merged into the mfu rows) the log-prob paths (`learner.logprob_kernel`: off with the
+            logits kept, chunked, liger) and Liger's layer kernels (`learner.liger_kernels`) over the best one-GPU
+            settings (torch, no recomputation, 32k-token micro-batches, compiled; the second step timed), on the
+            fixed 4,096-token case and on realistic lengths (`REALISTIC`: 8 groups × N = 8, prompts 256–1k,
+            completions log-normal around 3k, cut at 16k). Tokens/s and MFU count real tokens only: padding is waste.
 
 Model FLOPs of a step: the learner's own count (`learner/flops.py`: per sample, the training forward and
 backward, π_old's forward outside the first mini-batch; recomputation does not count). MFU = those FLOPs /
@@ -62,6 +67,31 @@ def synthetic_groups(groups: int, n: int, prompt_len: int, comp_lens: list[int],
         comps = [torch.randint(0, vocab, (comp_lens[i % len(comp_lens)],), generator=g).tolist() for i in range(n)]
         correct = [i % 3 == 0 for i in range(n)]
         out.append(TrainGroup(prompt, comps, [[-3.0] * len(c) for c in comps], [float(c) for c in correct], correct))
+    return out
+
+
+REALISTIC = {"prompt": (256, 1024), "completion_median": 3000, "completion_sigma": 0.6, "completion_cap": 16_384}
+"""The realistic case's lengths: prompts uniform in [256, 1024] tokens (one per group), completions log-normal
+around a 3k median (σ = 0.6 in log space: half of them within 2–4.5k) and cut at 16k, as a reasoning model's are."""
+
+
+def realistic_lengths(groups: int, n: int, seed: int = 0) -> list[tuple[int, list[int]]]:
+    """(prompt length, n completion lengths) of each group, drawn from `REALISTIC` (seeded: the same every run)."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    lo, hi = REALISTIC["prompt"]
+    mu = math.log(REALISTIC["completion_median"])
+    return [(rng.randint(lo, hi), [max(16, min(REALISTIC["completion_cap"], round(rng.lognormvariate(
+        mu, REALISTIC["completion_sigma"])))) for _ in range(n)]) for _ in range(groups)]
+
+
+def realistic_groups(groups: int, n: int, vocab: int, seed: int = 0):
+    """Synthetic groups with `realistic_lengths` (random tokens; a third of each group correct)."""
+    out = []
+    for i, (prompt, comps) in enumerate(realistic_lengths(groups, n, seed)):
+        out += synthetic_groups(1, n, prompt, comps, vocab, seed=seed + i)
     return out
 
 
@@ -142,9 +172,13 @@ def case(kind: str, p: dict) -> dict:
     if kind == "mfu":
         over = {k: v for k, v in p.items() if k in ("activation_checkpointing", "activation_checkpointing_fraction",
                                                      "micro_batch_tokens", "share_prompt", "compile", "backend",
-                                                     "logprob_recompute")}
+                                                     "logprob_recompute", "logprob_kernel", "liger_kernels",
+                                                     "logprob_chunk_mb")}
         lc = preset_learner(**over)
-        groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
+        if p.get("lengths") == "realistic":
+            groups = realistic_groups(p["groups"], p["n"], QWEN_15B["vocab_size"])
+        else:
+            groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
         try:
             return {**p, **run_step(groups, lc, steps=p.get("steps", 1), profile=p.get("profile", False))}
         except torch.OutOfMemoryError as e:
@@ -216,7 +250,22 @@ def ranks(world: int, args: list[str], timeout: float = 1200) -> dict:
     return json.loads(outs[0][0].strip().splitlines()[-1])
 
 
-def main(quick: bool = False, only: str = "", mfu_add: str = "", tag: str = "") -> None:
+BEST_ONE_GPU = {"groups": 2, "n": 32, "prompt": 256, "completion": 4096, "steps": 2, "compile": True,
+                "backend": "torch", "activation_checkpointing": False, "micro_batch_tokens": 32768}
+KEPT = {"logprob_kernel": "off", "logprob_recompute": False}  # today's best: the LM head's logits kept for backward
+REAL = {"lengths": "realistic", "groups": 8, "n": 8}
+KERNEL_SETS = {
+    "fixed": [KEPT, {"logprob_kernel": "chunked"}],
+    "fixed-liger": [{"logprob_kernel": "liger"}, {"logprob_kernel": "chunked", "liger_kernels": True}],
+    "fixed-memory": [{"logprob_kernel": "chunked", "micro_batch_tokens": 65536},
+                     {"logprob_kernel": "chunked", "logprob_chunk_mb": 2048}],
+    "realistic": [{**REAL, **KEPT}, {**REAL, "logprob_kernel": "chunked"}],
+    "realistic-liger": [{**REAL, "logprob_kernel": "liger"}, {**REAL, "logprob_kernel": "chunked", "liger_kernels": True}],
+}
+"""`--kernels SET`: the rows each set adds over `BEST_ONE_GPU` (two cases a set: one lease command each, under 4 minutes)."""
+
+
+def main(quick: bool = False, only: str = "", mfu_add: str = "", tag: str = "", kernels: str = "") -> None:
     """Every case (or those named in `only`, comma-separated: longest, mfu, shared, scale; the others are
     kept from bench/results/learner_gpu[_TAG].json, so a sweep can be run in parts). `mfu_add`: a JSON list of
     settings over the compiled MFU case, run and merged into the kept MFU rows. `tag`: the results file's
@@ -225,6 +274,12 @@ def main(quick: bool = False, only: str = "", mfu_add: str = "", tag: str = "") 
 
     from bench.common import RESULTS, run_isolated, stamp, table, write_json
 
+    if kernels:
+        if kernels not in KERNEL_SETS:
+            raise SystemExit(f"--kernels {kernels!r}: expected one of {', '.join(KERNEL_SETS)}")
+        if mfu_add:
+            raise SystemExit("--kernels and --mfu-add: give one of them")
+        mfu_add = json.dumps([{**BEST_ONE_GPU, **o} for o in KERNEL_SETS[kernels]])
     gpus = torch.cuda.device_count()
     want = set(only.split(",")) if only else ({"mfu"} if mfu_add else {"longest", "mfu", "shared", "scale"})
     keep = only or mfu_add
@@ -296,7 +351,10 @@ def mfu_label(r: dict) -> str:
     ckpt = "no ckpt" if r.get("activation_checkpointing") is False else \
         f"ckpt {r.get('activation_checkpointing_fraction', 1.0):g}"
     return (f"{'compiled' if r.get('compile') else 'eager'}, {ckpt}, {r.get('backend', 'deepspeed')}, "
-            f"{r.get('micro_batch_tokens', 65536) // 1024}k" + (", head logits kept" if r.get("logprob_recompute") is False else ""))
+            f"{r.get('micro_batch_tokens', 65536) // 1024}k" + (", head logits kept" if r.get("logprob_recompute") is False else "")
+            + (f", log-prob {r['logprob_kernel']}" if "logprob_kernel" in r else "")
+            + (f", {r['logprob_chunk_mb']:g} MiB chunks" if "logprob_chunk_mb" in r else "")
+            + (", liger layers" if r.get("liger_kernels") else "") + (", realistic lengths" if r.get("lengths") == "realistic" else ""))
 
 
 def _plot(longest, mfu, shared, scale, out, st: dict) -> None:

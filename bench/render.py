@@ -194,8 +194,36 @@ def _learner_mfu(d: dict) -> Table:
     rows = [[_mfu_label(r)] + ([n(r["tokens_per_s"]), n(r["tflops"]), pct(r["mfu"], 1), f"{r['peak_gib']:.1f}",
                                 f"{r['seconds']:.2f}"] if r.get("ok", True) and r.get("tokens_per_s") else
                                ["out of memory" if "memory" in str(r.get("error", "")) else "failed", "", "", "", ""])
-            for r in sorted(d["mfu"], key=lambda r: -r.get("mfu", 0.0))]
+            for r in sorted(d["mfu"], key=lambda r: -r.get("mfu", 0.0)) if "logprob_kernel" not in r]
     return (["case", "tokens/s", "TFLOP/s", "MFU", "peak GiB", "step s"], "lrrrrr", rows)
+
+
+LOGPROB_KERNELS = {"kept": "head module, logits kept for backward", "off": "head module, checkpointed chunks", "chunked": "chunked (fused, torch)",
+                   "liger": "Liger fused linear cross-entropy"}
+
+
+def _learner_kernels(d: dict) -> Table:
+    """The `--kernels` rows (bench/learner_gpu.py): the log-prob path and Liger's layer kernels, fixed 4,096-token
+    responses and realistic lengths, best first within each; tokens/s and MFU of real tokens only."""
+    header = (["lengths", "log-prob path (logits chunk)", "Liger layer kernels", "micro-batch tokens", "tokens/s", "MFU", "peak GiB",
+               "padding"], "llllrrrr")
+    rows = []
+    for r in sorted((r for r in d.get("mfu", []) if "logprob_kernel" in r),
+                    key=lambda r: (r.get("lengths") == "realistic", -r.get("mfu", 0.0))):
+        kernel = "kept" if r.get("logprob_recompute") is False else r["logprob_kernel"]
+        cells = [("realistic (prompts 256–1k, completions log-normal ~3k, ≤ 16k)" if r.get("lengths") == "realistic"
+                  else "fixed (256 + 4,096)"), LOGPROB_KERNELS.get(kernel, kernel)
+                 + (f" ({n(r['logprob_chunk_mb'])} MiB)" if "logprob_chunk_mb" in r else ""),
+                 "yes" if r.get("liger_kernels") else "no", n(r.get("micro_batch_tokens") or 65536)]
+        if r.get("ok", True) and r.get("tokens_per_s"):
+            cells += [n(r["tokens_per_s"]), pct(r["mfu"], 1), f"{r['peak_gib']:.1f}", pct(r.get("padding_frac", 0.0))]
+        else:
+            cells += ["out of memory" if "memory" in str(r.get("error", "")) else "failed", "", "", ""]
+        rows.append(cells)
+    if not rows:
+        rows = [["not measured yet: `python -m bench.learner --gpu --tag h200 --kernels SET`", "", "", "", "", "", "",
+                 ""]]
+    return (*header, rows)
 
 
 KERNEL_KINDS = (("matrix multiplications", ("nvjet", "gemm", "cutlass", "sm90_xmma")), ("attention", ("sdpa", "flash", "fmha")),
@@ -364,6 +392,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "adaptive-saturated-quick": ("adaptive_saturated_quick.json", _adaptive),
     "learner-gpu-mfu": ("learner_gpu.json", _learner_mfu),
     "learner-gpu-mfu-h200": ("learner_gpu_h200.json", _learner_mfu),
+    "learner-gpu-kernels-h200": ("learner_gpu_h200.json", _learner_kernels),
     "learner-gpu-profile-h200": ("learner_gpu_h200.json", _learner_profile),
     "learner-gpu-scale": ("learner_gpu.json", _learner_scale),
     "learner-gpu-longest": ("learner_gpu.json", _learner_longest),

@@ -218,6 +218,19 @@ class LearnerConfig(Section):
     forward and its log-softmax over the vocabulary: about 4 % of a 1.5B step's GPU time (the H200 profile,
     docs/benchmarks/learner.md). The same numbers either way."""
 
+    logprob_kernel: Literal["chunked", "liger", "off"] = "chunked"
+    """How the LM head and the log-softmax run (`learner/kernels.py`). "chunked": our fused head + log-prob in
+    torch, CPU or GPU — a chunk of `logprob_chunk_mb` logits at a time, recomputed in backward, which turns them
+    into the gradients of the hidden states and the head's weight in one pass. "liger": Liger-Kernel's fused
+    linear cross-entropy (Triton; CUDA with liger-kernel installed, else "chunked" runs, logged; no entropy
+    metric). "off": the head module on checkpointed chunks. A ZeRO-3 learner runs "off" (its head's weight is
+    partitioned between passes); `logprob_recompute = false` runs "off" with the logits kept."""
+
+    liger_kernels: bool = False
+    """Liger-Kernel's fused RMSNorm, SwiGLU and RoPE kernels patched into the model's layers (before
+    `compile`, which then compiles around them). CUDA only, with liger-kernel installed, for the model families
+    Liger patches (Qwen2/2.5, Qwen3, Llama, Mistral, Gemma, Phi-3, ...): refused elsewhere."""
+
     overlong_filter: bool = False
     """Mask completions cut at `actor.max_tokens` (finish reason "length") out of the loss (DAPO's overlong
     filtering); they still count in their group's baseline. The paper names none: its presets leave it off."""

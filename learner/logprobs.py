@@ -29,6 +29,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
+from learner.kernels import linear_logprob, resolve
+
 
 @dataclass
 class PackedCompletions:
@@ -214,11 +216,15 @@ def token_logprobs(
     chunk_mb: float | None = 256.0,
     compiled: bool = False,
     recompute: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    kernel: str = "off",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs and entropies of the completion tokens.
 
     Returns (logp float32[S, T], entropy float32[S, T]); both are 0 where `batch.mask` is False.
-    `logp` carries gradients to the model; `entropy` is detached (a metric).
+    `logp` carries gradients to the model; `entropy` is detached (a metric), None on the "liger" path.
+    `kernel` (`learner.logprob_kernel`): "chunked" or "liger", the fused LM head + log-prob of
+    `learner/kernels.py` (the vocabulary logits of a chunk only, recomputed in backward); "off", the head module
+    on checkpointed chunks below. `recompute = False` keeps the logits: the "off" path whatever `kernel` says.
     `chunk_mb` bounds the float32 logits held at once; `None` computes all logits at once (the
     unbounded baseline, for benchmarks). `compiled`: the chunk's head, log-softmax and entropy as fused
     kernels (`learner.compile`). `recompute` (`learner.logprob_recompute`): a chunk's logits are recomputed in
@@ -236,6 +242,10 @@ def token_logprobs(
         chunks = [(0, M)]
     else:
         chunks = [(i, min(i + chunk_tokens, M)) for i in range(0, M, chunk_tokens)]
+    run = resolve(kernel if recompute and chunk_tokens is not None else "off", h, head)
+    if run != "off":
+        lp, en = linear_logprob(h, head, tgt, temperature, kernel=run, rows=chunk_tokens, compiled=compiled)
+        return _scatter(batch.mask, lp, M), None if en is None else _scatter(batch.mask, en, M).detach()
     logps, ents = [], []
     fn = compiled_chunk_logp() if compiled else _chunk_logp
     for a, b in chunks:
@@ -245,9 +255,10 @@ def token_logprobs(
             lp, en = fn(head, h[a:b], tgt[a:b], temperature)
         logps.append(lp)
         ents.append(en)
-    dtype = logps[0].dtype if logps else torch.float32  # float32, or float64 for a float64 model
-    out_logp = torch.zeros(batch.mask.shape, dtype=dtype, device=h.device)
-    out_ent = torch.zeros(batch.mask.shape, dtype=dtype, device=h.device)
-    out_logp = out_logp.masked_scatter(batch.mask, torch.cat(logps)) if M else out_logp
-    out_ent = out_ent.masked_scatter(batch.mask, torch.cat(ents)) if M else out_ent
-    return out_logp, out_ent.detach()
+    return _scatter(batch.mask, torch.cat(logps), M), _scatter(batch.mask, torch.cat(ents), M).detach()
+
+
+def _scatter(mask: torch.Tensor, values: torch.Tensor, M: int) -> torch.Tensor:
+    """values [M] (float32, or float64 for a float64 model) at mask's True places of a [S, T] tensor of zeros."""
+    out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+    return out.masked_scatter(mask, values) if M else out

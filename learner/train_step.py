@@ -46,6 +46,7 @@ from learner.algorithm import policy_loss, scaled_lr
 from learner.backends import Backend, enable_activation_checkpointing, make_backend
 from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, compiled_frames, min_tokens, warm_up
 from learner.flops import ModelShape, peak_flops
+from learner.kernels import apply_liger_kernels
 from learner.logprobs import pack, token_logprobs
 from learner.microbatch import RankShare
 from learner.planning import TrainGroup, plan_step
@@ -89,6 +90,8 @@ class Trainer:
         self.pad_id = pad_id
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model, cfg.activation_checkpointing_fraction)
+        if cfg.liger_kernels:  # before compiling: the compiled layers are the patched ones
+            apply_liger_kernels(model, cfg.device)
         if cfg.compile:
             compile_layers(model)
         self.min_tokens = min_tokens(model, cfg.device) if cfg.compile else 0
@@ -146,7 +149,7 @@ class Trainer:
         with torch.set_grad_enabled(grad), self._autocast():
             return token_logprobs(
                 model, packed, temperature=self.temperature, chunk_mb=self.cfg.logprob_chunk_mb,
-                compiled=self.cfg.compile, recompute=self.cfg.logprob_recompute)
+                compiled=self.cfg.compile, recompute=self.cfg.logprob_recompute, kernel=self.cfg.logprob_kernel)
 
     def warm_up(self) -> float:
         """This rank's compilation before the first step (`learner.compiling.warm_up`); 0 s without
