@@ -294,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             row.update(run_trl(a) if a.peer == "trl" else run_brorl(a), status="ok")
         except Exception as e:  # a peer that fails (out of memory, a limit) is a result: its row says why
+            import traceback
+
+            traceback.print_exc()
             row.update(status="failed", error=f"{type(e).__name__}: {str(e)[-2000:]}")
             print(f"{a.peer} failed: {row['error']}", file=sys.stderr)
     row["peak_gpu_gib"] = mem.peak_gib
