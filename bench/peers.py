@@ -114,12 +114,13 @@ def reward(completions: list[str], reference: list[str], **_) -> list[float]:
     return [throughput.score(c, r).reward for c, r in zip(completions, reference)]
 
 
-def run_trl(a) -> dict:
-    """TRL's GRPOTrainer on the job; vLLM colocated unless --no-vllm. Returns the result row."""
+def run_trl(a, progress=lambda fields: None) -> dict:
+    """TRL's GRPOTrainer on the job; vLLM colocated unless --no-vllm. Returns the result row; `progress` gets
+    the step times after each step (a run cut short still leaves them)."""
     import torch
 
     cuda = torch.cuda.is_available()
-    if a.vllm:  # colocate mode's vLLM is a one-rank "external launcher" group: torchrun's variables, one process
+    if a.vllm and a.torchrun_env:  # what `torchrun --nproc-per-node 1` would set (TRL sets them itself otherwise)
         for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"}.items():
             os.environ.setdefault(k, v)
         if "MASTER_PORT" not in os.environ:
@@ -185,6 +186,8 @@ def run_trl(a) -> dict:
             self.t = t
             print(f"trl step {state.global_step}: {self.step_s[-1]:.2f} s, generation {self.gen_s[-1]:.2f} s",
                   file=sys.stderr, flush=True)
+            progress({"s_per_step_all": self.step_s, "gen_s_per_step": self.gen_s,
+                      "status": f"cut short after step {len(self.step_s)} of {a.steps}"})
 
     steps = StepClock()
     t_init = time.perf_counter()
@@ -261,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
                     "(per_device_train_batch_size; TrainingArguments' default); accumulation makes up the step")
     ap.add_argument("--vllm-memory", type=float, default=0.3, help="TRL: vllm_gpu_memory_utilization")
     ap.add_argument("--no-vllm", dest="vllm", action="store_false", help="TRL: generate with transformers (CPU)")
+    ap.add_argument("--torchrun-env", action="store_true", help="TRL: set RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR "
+                    "and MASTER_PORT before the trainer starts, as a one-process torchrun does (Accelerate then makes a "
+                    "one-rank process group); without it TRL sets them for colocated vLLM's one-rank group itself")
     ap.add_argument("--trl-set", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field (VALUE "
                     "as JSON, else text), e.g. --trl-set gradient_checkpointing=false; repeatable")
     ap.add_argument("--brorl-set", action="append", default=[], metavar="KEY=VALUE",
@@ -289,10 +295,13 @@ def main(argv: list[str] | None = None) -> None:
            "samples_per_step": samples, "prompt_len": a.prompt_len, "completion_len": a.completion_len,
            "steps": a.steps, "warmup": a.warmup, "command": "python -m bench.peers " + " ".join(sys.argv[1:])}
     if a.peer == "trl":
-        row.update(vllm=a.vllm, micro_batch=a.micro_batch, vllm_memory=a.vllm_memory)
+        row.update(vllm=a.vllm, micro_batch=a.micro_batch, vllm_memory=a.vllm_memory, torchrun_env=a.torchrun_env)
+    def progress(fields: dict) -> None:  # the steps so far, in the results file, until the run's own row
+        save(name, {**row, **fields, "peak_gpu_gib": mem.peak_gib}, draw=False)
+
     with GpuMemory() as mem:
         try:
-            row.update(run_trl(a) if a.peer == "trl" else run_brorl(a), status="ok")
+            row.update(run_trl(a, progress) if a.peer == "trl" else run_brorl(a), status="ok")
         except Exception as e:  # a peer that fails (out of memory, a limit) is a result: its row says why
             import traceback
 
@@ -315,13 +324,14 @@ def load(name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"runs": []}
 
 
-def save(name: str, row: dict) -> Path:
+def save(name: str, row: dict, draw: bool = True) -> Path:
     """Replace the row of the same peer and N (and shape) in `name`.json, keep the others; redraw the figure."""
     key = ("peer", "n", "shape")
     runs = [r for r in load(name)["runs"] if tuple(r.get(k) for k in key) != tuple(row[k] for k in key)]
     runs = sorted([*runs, row], key=lambda r: (r["n"], r["peer"]))
     path = write_json(name, {"runs": runs})
-    plot(runs, path.with_suffix(".png"))
+    if draw:
+        plot(runs, path.with_suffix(".png"))
     return path
 
 
@@ -337,7 +347,7 @@ def plot(runs: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     labels = [f"{r['peer']}\nN={r['n']}×{r['prompts_per_step']}" for r in ok]
     axes[0].bar(labels, [r["samples_per_s"] for r in ok], color=["C0" if r["peer"] == "brorl" else "C1" for r in ok])
-    axes[0].set_ylabel(f"samples/s (steps after the warm-up)")
+    axes[0].set_ylabel("samples/s (steps after the warm-up)")
     for r in ok:
         axes[1].plot(range(1, len(r["s_per_step_all"]) + 1), r["s_per_step_all"], "o-", label=f"{r['peer']} N={r['n']}")
     axes[1].set_xlabel("optimizer step")

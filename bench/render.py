@@ -356,7 +356,7 @@ def _peers(d: dict) -> Table:
                      f"{r['s_per_step']:.1f}" if ok else "–", n(r["samples_per_s"], 1) if ok else "–",
                      pct(r["gen_share"]) if ok and r.get("gen_share") is not None else "–",
                      f"{r['peak_gpu_gib']:.0f}" if r.get("peak_gpu_gib") else "–",
-                     "ok" if ok else str(r.get("error", "failed")).splitlines()[0][:120]])
+                     "ok" if ok else str(r.get("error") or r.get("status", "failed")).splitlines()[0][:120]])
     return (["trainer", "N × prompts a step", "samples a step", "s a step", "samples/s", "generation share",
              "peak GPU GiB", "status"], "llrrrrrl", rows)
 
