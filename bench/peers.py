@@ -18,8 +18,11 @@ Both peers get the same job:
   (`generation_kwargs`, passed to `SamplingParams`); brorl has `actor.length_dist = "fixed"` and no EOS
   override, so a completion stops early only when the random model samples EOS (1 in 151,936 a token; the
   measured mean length is in the results);
-- every step trains on N × prompts-per-step samples: TRL's default (one generation per optimizer step,
-  `num_iterations` 1, no reference model); brorl with `learner.dynamic_sampling = false` (no group dropped);
+- every step trains on N × prompts-per-step samples in one optimizer step: TRL's default (one generation per
+  optimizer step, `num_iterations` 1, no reference model); brorl with `learner.dynamic_sampling = false` (no
+  group dropped) and `learner.num_minibatches = 1`, plain torch (`learner.backend`), its preset otherwise
+  (activation checkpointing on, as TRL's default; updates one step stale at most, generation overlapping
+  training: brorl's design, where TRL generates, then trains);
 - bf16 (TRL: `bf16=True`, the model's bf16 weights; brorl: its preset), one GPU (TRL: vLLM colocated in the
   trainer's process at `vllm_gpu_memory_utilization`; brorl: bench.e2e's `--share-gpu` settings).
 Everything else is each trainer's default (TRL: gradient checkpointing on, AdamW, `--micro-batch` sequences a
@@ -223,7 +226,8 @@ def brorl_job(a) -> tuple[str, dict]:
                  "actor.max_tokens": a.completion_len, "actor.length_median": 0,
                  "actor.max_model_len": a.prompt_len + a.completion_len, "learner.dynamic_sampling": False,
                  "job.prompts_per_step": a.prompts_per_step, "actor.prompts_per_request": a.prompts_per_step,
-                 "run.seed": a.seed})
+                 # one optimizer step a step as TRL's default; plain torch on the one GPU (no ZeRO), as TRL
+                 "learner.num_minibatches": 1, "learner.backend": "torch", "run.seed": a.seed})
     if a.shape == "small":
         over = {k: v for k, v in over.items() if k not in ("learner.gpus", "actor.gpus", "learner.devices", "learner.device")}
     else:
