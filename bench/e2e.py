@@ -51,6 +51,9 @@ SAMPLES_PER_STEP = 512  # on GPUs: N = 16 × 32 prompts, N = 512 × 1
 PER_CASE = ("job.n_samples", "job.prompts_per_step", "actor.prompts_per_request", "actor.num_actors", "actor.gpus")
 """Settings that differ by case, left out of the results' shared `job` record (results before 2026-11-30 hold
 N = 16's there)."""
+SHARE_GPU = {"actor.gpus": [0], "transport.weight_backend": "ipc", "actor.kv_cache_gib": 24,
+             "actor.gpu_memory_utilization": 0.45}
+"""`--share-gpu`: the learner and the actor on GPU 0 (config/placement.py)."""
 WARM = 2  # steps left out of the steady state (the first wait for the engines' first groups)
 
 
@@ -245,8 +248,7 @@ def main() -> None:
     if a.raw_from and not Path(a.raw_from).is_file():
         ap.error(f"--raw-from {a.raw_from}: no such result file; run the raw engine first (a run without it)")
     if a.share_gpu:
-        a.overrides = {"actor.gpus": [0], "transport.weight_backend": "ipc", "actor.kv_cache_gib": 24,
-                       "actor.gpu_memory_utilization": 0.45, **a.overrides}
+        a.overrides = {**SHARE_GPU, **a.overrides}
     gpu = a.shape != "small"
     gpus = _gpus() if gpu else 0
     model = model_dir(a.shape)

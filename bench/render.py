@@ -373,6 +373,22 @@ def _agreement(d: dict) -> Table:
     return ["suite", "agree / cases", "default setting: agree / cases"], "lrr", rows
 
 
+def _peers(d: dict) -> Table:
+    """bench.peers: brorl and TRL's GRPO trainer (vLLM colocated) at one job on one GPU; a failed run says why."""
+    rows = []
+    for r in d["runs"]:
+        ok = r.get("status") == "ok"
+        peer = ("brorl (learner + actor on the GPU)" if r["peer"] == "brorl" else
+                "TRL GRPOTrainer, vLLM colocated" if r.get("vllm", True) else "TRL GRPOTrainer, transformers generate")
+        rows.append([peer, f"{r['n']} × {r['prompts_per_step']}", n(r["samples_per_step"]),
+                     f"{r['s_per_step']:.1f}" if ok else "–", n(r["samples_per_s"], 1) if ok else "–",
+                     pct(r["gen_share"]) if ok and r.get("gen_share") is not None else "–",
+                     f"{r['peak_gpu_gib']:.0f}" if r.get("peak_gpu_gib") else "–",
+                     "ok" if ok else str(r.get("error") or r.get("status", "failed")).splitlines()[0][:120]])
+    return (["trainer", "N × prompts a step", "samples a step", "s a step", "samples/s", "generation share",
+             "peak GPU GiB", "status"], "llrrrrrl", rows)
+
+
 TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "agreement": ("agreement.json", _agreement),
     "transport": ("transport.json", _transport),
@@ -398,6 +414,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "learner-gpu-longest": ("learner_gpu.json", _learner_longest),
     "learner-gpu-shared": ("learner_gpu.json", _learner_shared),
     "fleet-gpu": ("fleet.json", _fleet_gpu),
+    "peers-h200": ("peers_h200.json", _peers),
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""
 

@@ -70,6 +70,18 @@ elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
   kill $snap; runs
   keep_bench "e2e_${TAG}shared*"
   step userdata $PT tests/gpu/test_user_data_gpu.py
+elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = peers ]; then
+  # one GPU, brorl next to TRL's GRPO trainer with vLLM colocated (bench/peers.py): the same shaped model, N,
+  # prompts a step, prompt 512 + completion 256 tokens and optimizer steps; N = 16 × 32 prompts, then
+  # N = 512 × 1 prompt. A TRL step cut at its limit still leaves its timed steps in the results file
+  PEER=(--shape qwen2-1.5b --prompt-len 512 --completion-len 256 --micro-batch 16 --tag "$TAG")
+  LIMIT=270 step peers_trl16 python3 -m bench.peers --peer trl --n 16 --prompts-per-step 32 --steps 4 "${PEER[@]}"
+  LIMIT=300 step peers_brorl16 python3 -m bench.peers --peer brorl --n 16 --prompts-per-step 32 --steps 4 "${PEER[@]}"
+  LIMIT=200 step peers_trl512 python3 -m bench.peers --peer trl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}"
+  LIMIT=240 step peers_brorl512 python3 -m bench.peers --peer brorl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}"
+  keep_bench "peers_${TAG}*"
+  for d in runs/bench/peers/brorl-*; do [ -d "$d" ] || continue; mkdir -p "$R/bench/peers-$(basename "$d")"
+    cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/peers-$(basename "$d")/" 2>/dev/null; done; pack
 elif [ "$GPUS" = 1 ]; then  # ONE=engine
   # 1. the paper's presets' learner, then the learner's MFU at the preset's best single-GPU settings,
   #    with the compiler's recompilations logged

@@ -1,0 +1,37 @@
+"""bench.peers' bookkeeping: the steady state leaves the warm-up out, a rerun replaces its own row only, and
+both peers get prompts of the asked length scored by the throughput rule."""
+
+import json
+
+import pytest
+
+from bench import common, peers
+
+
+def test_steady_state_leaves_the_warm_up_steps_out():
+    st = peers.steady([30.0, 10.0, 12.0], warmup=1, samples_per_step=512)
+    assert st == {"s_per_step": 11.0, "samples_per_s": 512 / 11.0, "measured_steps": 2}
+    with pytest.raises(ValueError, match="none after the 2 warm-up"):
+        peers.steady([30.0, 10.0], warmup=2, samples_per_step=512)
+
+
+def test_a_rerun_replaces_its_own_row_and_keeps_the_others(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(peers, "RESULTS", tmp_path)
+    monkeypatch.setattr(common, "stamp", lambda: {"device": "test"})  # not torch's, vLLM's... imports
+    drawn = []
+    monkeypatch.setattr(peers, "plot", lambda runs, out: drawn.append(len(runs)))  # matplotlib: seconds
+    row = {"peer": "trl", "shape": "small", "n": 16, "prompts_per_step": 2, "samples_per_step": 32, "prompt_len": 8,
+           "completion_len": 4, "status": "ok", "samples_per_s": 3.0, "s_per_step_all": [2.0, 1.0]}
+    peers.save("peers_t", row)
+    peers.save("peers_t", {**row, "peer": "brorl", "samples_per_s": 5.0})
+    peers.save("peers_t", {**row, "samples_per_s": 4.0})  # the same peer and N again
+    runs = json.loads((tmp_path / "peers_t.json").read_text())["runs"]
+    assert sorted((r["peer"], r["samples_per_s"]) for r in runs) == [("brorl", 5.0), ("trl", 4.0)]
+    assert drawn == [1, 2, 2]  # the figure redrawn from every row after each run
+
+
+def test_prompts_have_the_asked_length_and_the_reward_is_the_throughput_rule():
+    rows = peers.prompts(4, 40, seed=0)
+    assert [len(r["prompt"]) for r in rows] == [40] * 4
+    assert peers.reward(["x", "y"], ["1.000000", "0.000000"]) == [1.0, 0.0]
