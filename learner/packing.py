@@ -81,7 +81,12 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         fast = False  # this torch's varlen_attn has no window: the exact masked path
     if not fast:
         return _masked(query, key, value, cu_seq_lens_q, scaling, sliding_window), None
-    fn, takes = varlen
+    return _flash(*varlen, query, key, value, cu_seq_lens_q, int(max_length_q), scaling, sliding_window, dtype), None
+
+
+def _flash(fn, takes, query, key, value, cu, m, scaling, sliding_window, dtype):
+    """varlen_attn over the packed row: [1, H, L, D] inputs in its [L, H, D] layout, what this torch's
+    signature lacks (`takes`) done by hand; -> [1, L, Hq, D]."""
     q = query[0].transpose(0, 1).to(dtype).contiguous()  # [L, Hq, D]
     k = key[0].transpose(0, 1).to(dtype).contiguous()
     v = value[0].transpose(0, 1).to(dtype).contiguous()
@@ -101,10 +106,8 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
             extra["scale"] = scaling
         else:  # the kernel's own 1/sqrt(D): scale q to match
             q = q * (scaling * q.shape[-1] ** 0.5)
-    cu = cu_seq_lens_q.to(torch.int32)
-    m = int(max_length_q)
-    out = fn(q, k, v, cu, cu, m, m, **extra)
-    return out.unsqueeze(0), None
+    cu = cu.to(torch.int32)
+    return fn(q, k, v, cu, cu, m, m, **extra).unsqueeze(0)
 
 
 def _mask(*args, **kwargs):

@@ -147,3 +147,26 @@ def test_every_rank_receives_the_batches_the_list_path_gave():
                     assert torch.equal(getattr(new.packed, k), getattr(ref, k)), k
                 assert new.behav[ref.mask].tolist() == [x for lp in behav for x in lp]
                 assert new.adv.tolist() == pytest.approx(adv) and m.weight == pytest.approx(weight)
+
+
+def test_the_varlen_call_matches_the_masked_reference_whatever_the_torch_signature():
+    """`_flash` (the CUDA path) hands varlen_attn its layout, and does by hand what an older signature lacks
+    (grouped-query heads, the scale, the window): a stand-in kernel computing exactly that gives the masked
+    reference's output."""
+    from learner.packing import _flash, _masked
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 23, 8, generator=g) for h in (4, 2, 2))
+    cu = torch.tensor([0, 5, 6, 17, 23], dtype=torch.int32)
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window_size=(-1, 0), is_causal=None, enable_gqa=False):
+        assert q.shape == (23, 4, 8) and max_q == max_k == 11 and torch.equal(cu_q, cu)
+        assert enable_gqa or k.shape[1] == 4
+        w = window_size[0] + 1 if window_size[0] >= 0 else None
+        return _masked(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], cu_q, scale, w)[0]
+    for takes in ({"window_size", "enable_gqa", "scale"}, {"is_causal"}):
+        for scaling, window in ((None, None), (0.3, None), (0.3, 4)):
+            if window and "window_size" not in takes:
+                continue
+            out = _flash(kernel, takes, q, k, v, cu, 11, scaling, window, torch.float32)
+            torch.testing.assert_close(out, _masked(q, k, v, cu, scaling, window), rtol=1e-5, atol=1e-6)
