@@ -173,12 +173,13 @@ def case(kind: str, p: dict) -> dict:
         over = {k: v for k, v in p.items() if k in ("activation_checkpointing", "activation_checkpointing_fraction",
                                                      "micro_batch_tokens", "share_prompt", "compile", "backend",
                                                      "logprob_recompute", "logprob_kernel", "liger_kernels",
-                                                     "logprob_chunk_mb")}
+                                                     "logprob_chunk_mb", "packing")}
         lc = preset_learner(**over)
         if p.get("lengths") == "realistic":
             groups = realistic_groups(p["groups"], p["n"], QWEN_15B["vocab_size"])
-        else:
-            groups = synthetic_groups(p["groups"], p["n"], p["prompt"], [p["completion"]], QWEN_15B["vocab_size"])
+        else:  # "completions": a list of lengths the group's completions cycle through (else all `completion` long)
+            groups = synthetic_groups(p["groups"], p["n"], p["prompt"], p.get("completions") or [p["completion"]],
+                                      QWEN_15B["vocab_size"])
         try:
             return {**p, **run_step(groups, lc, steps=p.get("steps", 1), profile=p.get("profile", False))}
         except torch.OutOfMemoryError as e:
@@ -334,7 +335,7 @@ def main(quick: bool = False, only: str = "", mfu_add: str = "", tag: str = "", 
     print(table(longest, ["L", "ok", "seconds", "peak_gib", "tokens_per_s", "micro_batches"]))
     print("\nThroughput and MFU at 4,096-token responses (64 samples, 256-token prompts)")
     print(table(mfu, ["activation_checkpointing", "activation_checkpointing_fraction", "micro_batch_tokens", "backend",
-                      "compile", "seconds", "tokens_per_s", "tflops", "mfu", "peak_gib"]))
+                      "compile", "packing", "seconds", "tokens_per_s", "tflops", "mfu", "padding_frac", "peak_gib"]))
     print("\nShared prompt: tokens/s of the whole step, unshared against shared")
     print(table(shared, ["n", "prompt", "completion", "unshared_tok_s", "shared_tok_s", "speedup",
                          "decoder_tokens_ratio"]))
@@ -354,7 +355,8 @@ def mfu_label(r: dict) -> str:
             f"{r.get('micro_batch_tokens', 65536) // 1024}k" + (", head logits kept" if r.get("logprob_recompute") is False else "")
             + (f", log-prob {r['logprob_kernel']}" if "logprob_kernel" in r else "")
             + (f", {r['logprob_chunk_mb']:g} MiB chunks" if "logprob_chunk_mb" in r else "")
-            + (", liger layers" if r.get("liger_kernels") else "") + (", realistic lengths" if r.get("lengths") == "realistic" else ""))
+            + (", liger layers" if r.get("liger_kernels") else "") + (", realistic lengths" if r.get("lengths") == "realistic" else "")
+            + (", packed" if r.get("packing") else "") + (", mixed lengths" if r.get("completions") else ""))
 
 
 def _plot(longest, mfu, shared, scale, out, st: dict) -> None:

@@ -186,6 +186,13 @@ class LearnerConfig(Section):
     longer single sample goes alone), where they compute the fewest positions; their gradients accumulate
     into one optimizer step whose loss is exactly the whole mini-batch's. 0: each mini-batch in one pass."""
 
+    packing: bool = False
+    """Packed sequences: a micro-batch's samples concatenated into one row without any padding, position ids
+    restarting at each sample and attention kept within each (on CUDA torch's variable-length flash attention,
+    elsewhere an exact block-diagonal mask); micro-batches filled up to `micro_batch_tokens` tokens. The same
+    loss and gradients as padded rows (tested). Off by default until measured on the GPU; not with
+    `share_prompt` or `compile`."""
+
     share_prompt: bool = False
     """Compute each group's prompt once per micro-batch: the decoder runs on the prompt, then on the
     group's completions against its keys and values (exactly the unshared result, gradients included).

@@ -47,17 +47,32 @@ class PackedCompletions:
     prompt:         long[P]     the shared prompt
     input_ids:      long[S, L]  completion tokens but the last (they predict the next), right-padded
     attention_mask: long[S, P + L]  1 on the prompt and on real tokens of input_ids
+
+    Packed layout (`cu_seqlens` set, `learner.packing`; `learner/packing.py`): the samples concatenated in one
+    row, no padding (but a last run of `pad_id` up to a compiled length, a sample of its own)
+    input_ids:      long[1, L]  every sample's prompt then completion, one after the other
+    attention_mask: None
+    position_ids:   long[1, L]  position within its own sample
+    cu_seqlens:     int32[n + 1]  where each sample starts (and the row ends); max_len: the longest
+    target_pos:     long[S, T]  position in the row whose hidden state predicts completion token t
     """
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    attention_mask: torch.Tensor | None
     target_pos: torch.Tensor | None
     targets: torch.Tensor
     mask: torch.Tensor
     prompt: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+    max_len: int = 0
+    real_tokens: int = 0
+    """Packed layout: the samples' own tokens (the rest of the row is the compiled length's padding)."""
 
     def token_counts(self) -> tuple[int, int]:
         """(tokens the decoder processes, padding included; real ones): what padding costs."""
+        if self.cu_seqlens is not None:
+            return self.input_ids.numel(), self.real_tokens
         if self.prompt is None:
             return self.input_ids.numel(), int(self.attention_mask.sum())
         P = self.prompt.numel()
@@ -172,6 +187,11 @@ def completion_hidden(model: torch.nn.Module, batch: PackedCompletions) -> torch
     decoder = model.get_decoder()
     if batch.prompt is not None:
         return _shared_hidden(decoder, batch)
+    if batch.cu_seqlens is not None:  # packed: the samples' boundaries go to every attention layer
+        cu, m = batch.cu_seqlens, batch.max_len
+        hidden = decoder(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                         cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=m, max_length_k=m).last_hidden_state
+        return hidden[0, batch.target_pos[batch.mask]]
     # no KV cache: a scoring pass never reads one back. Left to its default, transformers builds one whenever
     # activation checkpointing is off, and each compiled layer then guards on its own cache slot: a 28-layer
     # model recompiled its layer per depth and hit the recompile limit (an H200, `learner.compile` without

@@ -1,23 +1,27 @@
 """A step's passes: every rank's micro-batches of each mini-batch. Samples sorted by length and cut into runs of at
-most `learner.micro_batch_tokens` padded tokens where they compute the fewest positions (`micro_batches`), every
-rank given as many passes (`even_out`), each pass carrying its weight in the mini-batch's token-mean loss
-(`Micro`, `RankShare`)."""
+most `learner.micro_batch_tokens` padded tokens where they compute the fewest positions (`micro_batches`; packed
+sequences, `learner.packing`: filled to the budget, best fit), every rank given as many passes (`even_out`), each
+pass carrying its weight in the mini-batch's token-mean loss (`Micro`, `RankShare`)."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from learner.batch import SampleTable
 
 
 @dataclass
 class Micro:
-    """One forward/backward pass of one rank: its samples and its weight in the mini-batch's loss."""
+    """One forward/backward pass of one rank: its samples (rows of the rank's `SampleTable`) and its weight
+    in the mini-batch's loss."""
 
-    prompts: list[list[int]]
-    completions: list[list[int]]
-    behav: list[list[float]]
-    """log μ of each completion token."""
-    adv: list[float]
-    """Â of each sample."""
+    rows: np.ndarray
+    """int64[S] — the pass's samples, in the order they are batched."""
     weight: float
     """world × (this pass's tokens, or sequences) / (the whole mini-batch's): the factor that makes the
     ranks' averaged, accumulated gradient the mini-batch's token-mean; 0 for a padding pass."""
@@ -30,6 +34,8 @@ class RankShare:
     minibatches: list[list[Micro]]
     skip: bool = False
     """The step changes nothing (non-finite advantages): only the step counter moves."""
+    table: "SampleTable | None" = None
+    """The samples the passes' rows point into."""
 
 
 PASS_TOKENS = 2048
@@ -40,7 +46,7 @@ learner computes ~36k positions a second, so this is ~60 ms a pass."""
 
 def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[int] | None = None,
                   prompt_len: list[int] | None = None, *, multiple: int = 1, floor: int = 0,
-                  pass_tokens: int = PASS_TOKENS) -> list[list[int]]:
+                  pass_tokens: int = PASS_TOKENS, packed: bool = False) -> list[list[int]]:
     """`idx` sorted by sequence length (longest first) and cut into runs of at most `budget` padded tokens
     (rows × the run's longest; a sample longer than the budget goes alone; 0: one run), the cuts that compute
     the fewest positions: each run padded to its longest (rounded up to a `multiple`, and to at least `floor`
@@ -48,9 +54,14 @@ def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[i
     programme over the sorted lengths; filling each pass to the budget padded a 512-sample step of N = 16 by 29 %
     where these cuts pad it by 11 %, `python -m bench.padding`). With `group` (shared prompts): a run holds
     samples of one group only, cut greedily, and costs its prompt once plus rows × its longest completion (0:
-    one run per group)."""
+    one run per group). `packed` (`learner.packing`: a run costs the sum of its lengths, no padding): runs
+    filled up to `budget` tokens, each sample (longest first) into the fullest run it fits (best fit
+    decreasing: the fewest passes, each as full as it gets)."""
     if not idx:
         return []
+    if packed and group is None:
+        order = sorted(idx, key=lambda i: (-seq_len[i], i))
+        return [order] if budget <= 0 else _best_fit(order, seq_len, budget)
     if group is None:
         order = sorted(idx, key=lambda i: (-seq_len[i], i))
         if budget <= 0:
@@ -69,6 +80,26 @@ def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[i
         else:
             out.append([i])
     return out
+
+
+def _best_fit(order: list[int], seq_len: list[int], budget: int) -> list[list[int]]:
+    """`order` (longest first) into runs of at most `budget` tokens (a longer sample alone): each sample into
+    the run with the least room that still fits it, a new run if none does."""
+    runs: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (tokens left, run), sorted
+    for i in order:
+        n = seq_len[i]
+        k = bisect.bisect_left(room, (n, -1))
+        if k < len(room):
+            left, r = room.pop(k)
+            runs[r].append(i)
+            left -= n
+        else:
+            r, left = len(runs), budget - n
+            runs.append([i])
+        if left > 0:
+            bisect.insort(room, (left, r))
+    return runs
 
 
 def _cheapest_cuts(lengths: list[int], budget: int, multiple: int, floor: int, pass_tokens: int) -> list[int]:

@@ -9,13 +9,16 @@ one command at a time, over a gloo group of their own (commands are small Python
 collectives stay on DeepSpeed's group, NCCL on GPUs):
 
     ("warm_up", None)     `learner.compile`: compile now, before the first step (`Trainer.warm_up`)
-    ("step", RankShare)   train on this share of the step (`learner.train_step.Trainer.run`)
+    ("step", header)      train on this share of the step (`learner.train_step.Trainer.run`): the header says
+                          how its passes are made; the samples follow as one flat tensor (`Ranks.step`)
     ("save", folder)      write this rank's optimizer shard into the checkpoint folder being written
     ("gather", (a, b))    ZeRO-3: gather the parameters of state_dict entries [a, b) with rank 0 (None:
                           all of them), and let them go again (rank 0 keeps them whole while it reads them)
     ("stop", None)        leave
 
-A rank gets only its own micro-batches (`scatter_object_list`), never the whole batch. A rank that dies
+A rank gets only its own micro-batches, never the whole batch: its samples' arrays (`learner.batch.SampleTable`)
+and its passes' rows as one flat byte tensor, sent point to point on the gloo group (`Ranks.step`) — no pickle
+of tokens. A rank that dies
 ends the learner: the launcher (`cli/learner.py`) sees it exit and stops the others, and the job resumes
 from the last checkpoint.
 """
@@ -93,6 +96,33 @@ class Ranks:
             return per_rank[0]
         return self._scatter([(name, x) for x in per_rank])[1]
 
+    def step(self, shares: list) -> Any:
+        """Rank 0: hand every rank its share of a step (`learner.microbatch.RankShare`); returns rank 0's. The
+        command carries each share's structure, its bytes follow (`encode_share`)."""
+        if self.world == 1:
+            return shares[0]
+        import torch
+        import torch.distributed as dist
+
+        encoded = [encode_share(s) for s in shares]
+        self._scatter([("step", head) for head, _ in encoded])
+        for r, (_, buf) in enumerate(encoded):
+            if r and buf is not None:
+                dist.send(torch.from_numpy(buf), dst=r, group=self.group)
+        return shares[0]
+
+    def _receive_share(self, head: dict) -> Any:
+        import numpy as np
+        import torch
+        import torch.distributed as dist
+
+        buf = None
+        if head["nbytes"]:
+            t = torch.empty(head["nbytes"], dtype=torch.uint8)
+            dist.recv(t, src=0, group=self.group)
+            buf = t.numpy()
+        return decode_share(head, buf if buf is not None else np.zeros(0, np.uint8))
+
     def receive(self, name: str) -> Any:
         """Ranks > 0: the next command, which must be `name`; returns its argument."""
         got, arg = self._scatter(None)
@@ -151,7 +181,7 @@ class Ranks:
         while True:
             name, arg = self._scatter(None)
             if name == "step":
-                trainer.run(arg)
+                trainer.run(self._receive_share(arg))
             elif name == "warm_up":
                 log.info("rank %d: learner.compile: compiled before the first step in %.1f s", self.rank, trainer.warm_up())
             elif name == "save":
@@ -166,6 +196,44 @@ class Ranks:
                 return 0
             else:
                 raise RuntimeError(f"rank {self.rank}: unknown command {name!r} from rank 0")
+
+
+def encode_share(share) -> tuple[dict, Any]:
+    """A `RankShare` as (header: skip, the table's layout, each pass's row count and weight; uint8 bytes: the
+    table's arrays, then every pass's rows), or (header, None) for a share without samples."""
+    import numpy as np
+
+    passes = [[(len(m.rows), m.weight) for m in mb] for mb in share.minibatches]
+    if share.table is None:
+        return {"skip": share.skip, "passes": passes, "layout": [], "nbytes": 0}, None
+    layout, table = share.table.to_bytes()
+    rows = [np.asarray(m.rows, np.int64) for mb in share.minibatches for m in mb]
+    buf = np.concatenate([table, *(r.view(np.uint8) for r in rows)])
+    return {"skip": share.skip, "passes": passes, "layout": layout, "table_bytes": table.size,
+            "nbytes": buf.size}, buf
+
+
+def decode_share(head: dict, buf):
+    """`encode_share`'s inverse."""
+    import numpy as np
+
+    from learner.batch import SampleTable
+    from learner.microbatch import Micro, RankShare
+
+    if not head["layout"]:
+        return RankShare([[Micro(np.zeros(0, np.int64), w) for _, w in mb] for mb in head["passes"]], skip=head["skip"])
+    n = head["table_bytes"]
+    table = SampleTable.from_bytes(head["layout"], buf[:n])
+    rows = buf[n:].view(np.int64)
+    out, at = [], 0
+    for mb in head["passes"]:
+        out.append([])
+        for k, w in mb:
+            out[-1].append(Micro(rows[at: at + k], w))
+            at += k
+    if at != rows.size:
+        raise ValueError(f"a rank's share carries {rows.size} rows, its passes {at}")
+    return RankShare(out, skip=head["skip"], table=table)
 
 
 def build_trainer(cfg: BrorlConfig, model_dir: str | Path, ranks: Ranks | None = None):

@@ -46,10 +46,12 @@ from learner.algorithm import policy_loss, scaled_lr
 from learner.backends import Backend, enable_activation_checkpointing, make_backend
 from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, compiled_frames, min_tokens, warm_up
 from learner.flops import ModelShape, peak_flops
+from learner.batch import build, prefetched
 from learner.kernels import apply_liger_kernels
-from learner.logprobs import pack, token_logprobs
-from learner.microbatch import RankShare
-from learner.planning import TrainGroup, plan_step
+from learner.logprobs import token_logprobs
+from learner.microbatch import Micro, RankShare
+from learner.packing import use_packed_attention
+from learner.planning import FlatGroup, TrainGroup, plan_step
 
 if TYPE_CHECKING:
     from learner.ranks import Ranks
@@ -88,6 +90,10 @@ class Trainer:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.pad_id = pad_id
+        if cfg.packing and (cfg.share_prompt or cfg.compile):
+            raise ValueError("learner.packing works with neither learner.share_prompt nor learner.compile: turn one off")
+        if cfg.packing:
+            use_packed_attention(model)
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model, cfg.activation_checkpointing_fraction)
         if cfg.liger_kernels:  # before compiling: the compiled layers are the patched ones
@@ -156,7 +162,7 @@ class Trainer:
         `learner.compile`."""
         return warm_up(self) if self.cfg.compile else 0.0
 
-    def step(self, groups: list[TrainGroup]) -> dict[str, float]:
+    def step(self, groups: list[TrainGroup | FlatGroup]) -> dict[str, float]:
         """One training step on `groups` (rank 0, or the only process): plan it, hand every rank its share,
         train on our own. Returns the step's metrics (summed or averaged over all ranks)."""
         self.compiling.ensure(self)
@@ -165,7 +171,7 @@ class Trainer:
         metrics, shares = self.plan(groups)
         ranks = self.ranks
         frames = compiled_frames()
-        metrics.update(self.run(ranks.command("step", shares) if ranks else shares[self.backend.rank]))
+        metrics.update(self.run(ranks.step(shares) if ranks else shares[self.backend.rank]))
         metrics["train_s"] = time.perf_counter() - t0
         if self.cfg.compile:  # frames torch compiled during the step (this rank): 0 once the warm-up covered all
             metrics["compiled_frames"] = float(compiled_frames() - frames)
@@ -177,7 +183,7 @@ class Trainer:
                 metrics["mfu"] = flops / metrics["train_s"] / (self.world * peak)
         return metrics
 
-    def plan(self, groups: list[TrainGroup]) -> tuple[dict[str, float], list[RankShare]]:
+    def plan(self, groups: list[TrainGroup | FlatGroup]) -> tuple[dict[str, float], list[RankShare]]:
         """Dynamic sampling, advantages, the shuffle into `num_minibatches` mini-batches and every rank's
         micro-batches of each (a share per rank); the step's group-level metrics (`learner/planning.py`)."""
         if self._shape is None:
@@ -191,35 +197,32 @@ class Trainer:
         """Train on this rank's share of a step: π_old (and π_ref) of every micro-batch first, then one
         optimizer step per mini-batch. Every rank calls it with its own share; the metrics returned are
         over all ranks."""
-        cfg, dev, world = self.cfg, self.cfg.device, self.world
+        cfg, world = self.cfg, self.world
         self.updates_in_step = 0
         if share.skip:
             self.state.step += 1
             return {}
         # π_old is the policy at the start of the step: recomputed for every micro-batch before the first update,
-        # but the first mini-batch's, which are its training forward's own log-probs (the module's docstring)
-        work, padded, real = [], 0, 0
-        for j, passes in enumerate(share.minibatches):
-            micros = []
-            for m in passes:
-                packed = pack(m.prompts, m.completions, self.pad_id, dev, share_prompt=cfg.share_prompt,
-                              multiple=PAD_MULTIPLE if cfg.compile else 1, min_tokens=self.min_tokens)
-                b = torch.zeros(packed.mask.shape, dtype=torch.float32)
-                for r, lp in enumerate(m.behav):
-                    b[r, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
-                a = torch.tensor(m.adv, dtype=torch.float32)
-                old = None if j == 0 and self.reuse_old else self._logp(self.model, packed, grad=False)[0]
-                ref = self._logp(self.state.ref_model, packed, grad=False)[0] if self.state.ref_model else None
-                micros.append((packed, old, b.to(dev), a.to(dev), ref, m.weight))
-                counts = packed.token_counts()
-                padded, real = padded + counts[0], real + counts[1]
-            work.append(micros)
+        # but the first mini-batch's, which are its training forward's own log-probs (the module's docstring).
+        # Each pass's tensors are built from the share's arrays just ahead of it (`_batches`), not all at once
+        todo = [(j, k) for j, passes in enumerate(share.minibatches) for k in range(len(passes))
+                if not (j == 0 and self.reuse_old) or self.state.ref_model is not None]
+        old_ref = {}  # (mini-batch, pass) -> (π_old, π_ref) log-probs; None: the training forward's own
+        for (j, k), mb in zip(todo, self._batches(share, [share.minibatches[j][k] for j, k in todo])):
+            old = None if j == 0 and self.reuse_old else self._logp(self.model, mb.packed, grad=False)[0]
+            ref = self._logp(self.state.ref_model, mb.packed, grad=False)[0] if self.state.ref_model else None
+            old_ref[j, k] = (old, ref)
+        padded, real = 0, 0
         totals: dict[str, float] = {}
         grad_norms = []
         skipped = 0
-        for micros in work:
+        for j, passes in enumerate(share.minibatches):
             finite, parts_m = True, []
-            for k, (packed, old, b, a, ref, weight) in enumerate(micros):
+            for k, (micro, mb) in enumerate(zip(passes, self._batches(share, passes))):
+                packed, b, a, weight = mb.packed, mb.behav, mb.adv, micro.weight
+                old, ref = old_ref.pop((j, k), (None, None))
+                counts = packed.token_counts()
+                padded, real = padded + counts[0], real + counts[1]
                 logp, ent = self._logp(self.model, packed, grad=True)
                 loss, m = policy_loss(
                     logp, logp.detach() if old is None else old, b, a, packed.mask,
@@ -230,7 +233,7 @@ class Trainer:
                 # one the mini-batch is skipped: no more backward, no optimizer step
                 finite = finite and self._finite_everywhere(loss)
                 if finite:
-                    self.backend.backward(loss * weight, boundary=k == len(micros) - 1)
+                    self.backend.backward(loss * weight, boundary=k == len(passes) - 1)
                 m["loss"] = loss.item()
                 parts_m.append((m, weight))
             if not finite:
@@ -250,7 +253,7 @@ class Trainer:
         totals["_padded"], totals["_real"] = float(padded), float(real)
         totals = self._sum_over_ranks(totals)
         padded, real = totals.pop("_padded"), totals.pop("_real")
-        used = max(1, len(work) - skipped)  # means over the mini-batches that were applied
+        used = max(1, len(share.minibatches) - skipped)  # means over the mini-batches that were applied
         metrics = {k: v if k == "train_tokens" else v / used for k, v in totals.items()}
         self.state.step += 1
         if cfg.ref_reset_interval and self.state.step % cfg.ref_reset_interval == 0:
@@ -259,12 +262,22 @@ class Trainer:
         metrics.update(
             grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             nonfinite_skipped=float(skipped),
-            step_skipped=float(skipped == len(work)),
-            micro_batches=float(sum(len(m) for m in work)),  # of one rank (every rank makes as many passes)
+            step_skipped=float(skipped == len(share.minibatches)),
+            micro_batches=float(sum(len(m) for m in share.minibatches)),  # of one rank (every rank makes as many passes)
             padding_frac=1.0 - real / max(padded, 1.0),  # of all ranks' passes (sequences sorted by length)
             decoder_tokens=padded,  # positions one pass over the step's samples runs the decoder on (all ranks)
         )
         return metrics
+
+    def _batches(self, share: RankShare, passes: list[Micro]):
+        """The passes' tensors on the device, in order; each built on a worker thread while the one before
+        runs (numpy and the copy release the GIL), so building overlaps the GPU's work."""
+        cfg = self.cfg
+        layout = "shared" if cfg.share_prompt else "packed" if cfg.packing else "padded"
+        opts = dict(pad_id=self.pad_id, layout=layout, multiple=PAD_MULTIPLE if cfg.compile else 1,
+                    min_tokens=self.min_tokens)
+        dev = cfg.device
+        return prefetched(lambda m: build(share.table, m.rows, **opts).to(dev), passes)
 
     @property
     def world(self) -> int:
