@@ -12,7 +12,7 @@ from config.loader import load_config
 
 
 @pytest.mark.gpu
-def test_vllm_cuda_ipc_weight_updates_on_a_shared_gpu(tiny_model_dir):
+def test_vllm_cuda_ipc_weight_updates_on_a_shared_gpu(tiny_model_dir, monkeypatch):
     """Two updates through the same shared buffer land (version, checksum, the engine samples from the new
     weights, then from the old ones again); a receiver that never loads is named in an error within the timeout."""
     from transformers import AutoModelForCausalLM
@@ -24,6 +24,7 @@ def test_vllm_cuda_ipc_weight_updates_on_a_shared_gpu(tiny_model_dir):
     from transport.weights import WeightBroadcaster, WeightReceiver, WeightSyncError
 
     offline_env()
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA may be up in this process already
     cfg = load_config("tiny-cpu", {"model.path": tiny_model_dir, "actor.gpu_memory_utilization": 0.3,
                                    "actor.kv_cache_gib": 0, "transport.weight_backend": "ipc"})
     llm = LLM(**engine_kwargs(cfg.model, cfg.actor, weight_backend="ipc"))
