@@ -1,7 +1,9 @@
 """Weights updated in flight (`actor.in_flight_on_update = "keep"`) on a real vLLM engine (CPU): the engine
 pauses with its requests frozen, loads the new weights and resumes them, and every token of a group says
 which weights sampled it — exactly: the tokens labelled with the old version are the old weights' samples
-(their behaviour log-probs equal the old model's), and the first token labelled new is not."""
+(their behaviour log-probs equal the old model's), and the first token labelled new is not. Time-sharing the
+GPU (`actor.share_gpu = "timeshare"`), the learner's step before the first update pauses the engine, and
+its weights resume it."""
 
 import asyncio
 
@@ -67,11 +69,18 @@ async def test_a_kept_request_carries_each_tokens_version_exactly(tiny_model_dir
     m0 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     fl = FakeLearner(m0)
     cfg = actor_cfg(tiny_model_dir, 8, **{"actor.in_flight_on_update": "keep", "actor.max_tokens": 48,
-                                          "actor.max_model_len": 64, "job.max_staleness": 8})
+                                          "actor.max_model_len": 64, "job.max_staleness": 8,
+                                          "actor.share_gpu": "timeshare"})
     proc = start_actor(cfg, tmp_path, fl.work_url, "a0")
     try:
         await fl.wait_groups(2, timeout_s=240)  # generating under the disk weights (version 0)
         models = {0: m0}
+        # the learner computes step 1: the engine pauses, its requests kept, and takes no step while held
+        await fl.sockets.control.publish("compute", step=1)
+        h1 = await fl.wait_heartbeat(lambda h: h.stats.get("held_s", 0) > 0.3, "held for the learner's step")
+        h2 = await fl.wait_heartbeat(lambda h: h.stats["held_s"] > h1.stats["held_s"] + 0.5, "still held")
+        assert h2.stats["engine_steps"] == h1.stats["engine_steps"], (h1.stats, h2.stats)
+        # version 1 (step 1's weights) is pushed first: the hold passes into the kept update, which resumes
         mixed = await push_until_mixed(fl, tiny_model_dir, models)
         for _ in range(100):  # the actor's heartbeat counts the update it kept requests through
             if any(h.stats.get("kept_updates", 0) >= 1 for h in fl.heartbeats):
