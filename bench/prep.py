@@ -168,11 +168,11 @@ def before_path(groups: list, world: int) -> dict:
     return t
 
 
-def case(path: str, samples: int, world: int, packing: bool) -> dict:
+def case(path: str, samples: int, world: int, packing: bool, n: int = 512) -> dict:
     from bench.common import peak_rss_mb
     import learner.batch, learner.logprobs, learner.planning, learner.ranks  # noqa: F401,E401  (not timed)
 
-    groups = wire_groups(samples)
+    groups = wire_groups(samples, n)
     tokens = sum(int(g.lengths.sum()) + g.n * len(g.prompt_ids) for g in groups)
     data_mb = sum(g.tokens.nbytes + g.logprobs.nbytes for g in groups) / 2**20
     base = peak_rss_mb()

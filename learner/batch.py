@@ -110,7 +110,7 @@ def build(table: SampleTable, rows, *, pad_id: int = 0, layout: str = "padded", 
           min_tokens: int = 0) -> MicroBatch:
     """The micro-batch of `rows` (indices into `table`) in `layout` ("padded", "packed" or "shared"): what
     `logprobs.pack` gives for the same samples (`multiple`, `min_tokens`: as there; a packed row is padded at
-    its end, the padding a sample of its own)."""
+    its end, the padding a sample of its own). Python work per sample (a slice each), none per token."""
     rows = np.asarray(rows, dtype=np.int64)
     if rows.size == 0:
         raise ValueError("a micro-batch needs at least one sample")
@@ -119,47 +119,45 @@ def build(table: SampleTable, rows, *, pad_id: int = 0, layout: str = "padded", 
     if (p < 1).any():
         raise ValueError("a sample has an empty prompt: a completion needs at least one prompt token")
     T = max(1, int(c.max()))
-    row_c = np.repeat(np.arange(S), c)  # completion token -> its row
-    k_c = ranges(np.zeros(S, np.int64), c)  # its index within its completion
-    src_c = ranges(table.comp_off[rows], c)  # its place in the table
-    comp_tok = table.tokens[src_c].astype(np.int64)
+    a_c, a_p = table.comp_off[rows], table.prompt_off[table.prompt_of[rows]]
+    comp_tok = np.concatenate([table.tokens[a: a + n] for a, n in zip(a_c.tolist(), c.tolist())])
+    comp_lp = np.concatenate([table.behav[a: a + n] for a, n in zip(a_c.tolist(), c.tolist())])
+    msk = np.arange(T)[None, :] < c[:, None]
     tgt = np.zeros((S, T), np.int64)
-    msk = np.zeros((S, T), bool)
+    tgt[msk] = comp_tok
     behav = np.zeros((S, T), np.float32)
-    tgt[row_c, k_c] = comp_tok
-    msk[row_c, k_c] = True
-    behav[row_c, k_c] = table.behav[src_c]
-    prompt_src = ranges(table.prompt_off[table.prompt_of[rows]], p)
+    behav[msk] = comp_lp
     adv = torch.from_numpy(table.adv[rows].copy())
     t = torch.from_numpy
     if layout == "shared":
         if np.unique(table.prompt_of[rows]).size != 1:
             raise ValueError("share_prompt: the samples of one batch must have one prompt")
-        prompt = table.prompts[prompt_src[: int(p[0])]].astype(np.int64)
+        prompt = table.prompts[a_p[0]: a_p[0] + p[0]].astype(np.int64)
         P, L = prompt.size, T - 1
+        inputs = np.arange(L)[None, :] < (c - 1)[:, None]  # every completion token but the last is an input
         ids = np.full((S, L), pad_id, np.int64)
-        att = np.zeros((S, P + L), np.int64)
-        att[:, :P] = 1
-        keep = k_c < c[row_c] - 1  # every completion token but the last is an input
-        ids[row_c[keep], k_c[keep]] = comp_tok[keep]
-        att[row_c[keep], P + k_c[keep]] = 1
+        ids[inputs] = tgt[:, :L][inputs]
+        att = np.ones((S, P + L), np.int64)
+        att[:, P:] = inputs
         packed = PackedCompletions(t(ids), t(att), None, t(tgt), t(msk), t(prompt))
         return MicroBatch(packed, t(behav), adv)
     s = p + c
-    prompt_tok = table.prompts[prompt_src].astype(np.int64)
+    pieces = []  # each sample's prompt, then its completion
+    for ap, np_, ac, nc in zip(a_p.tolist(), p.tolist(), a_c.tolist(), c.tolist()):
+        pieces += [table.prompts[ap: ap + np_], table.tokens[ac: ac + nc]]
+    seq = np.concatenate(pieces).astype(np.int64)
+    k = np.arange(T)[None, :]
     if layout == "packed":
         starts = np.cumsum(s) - s
         total = int(s.sum())
         L = -(-max(total, min_tokens) // multiple) * multiple
         ids = np.full(L, pad_id, np.int64)
-        ids[ranges(starts, p)] = prompt_tok
-        ids[ranges(starts + p, c)] = comp_tok
+        ids[:total] = seq
         lens = np.append(s, L - total) if L > total else s
         pos = ranges(np.zeros(lens.size, np.int64), lens)
         cu = np.zeros(lens.size + 1, np.int32)
         cu[1:] = np.cumsum(lens)
-        tpos = np.zeros((S, T), np.int64)
-        tpos[row_c, k_c] = ranges(starts + p - 1, c)
+        tpos = np.where(msk, (starts + p - 1)[:, None] + k, 0)
         packed = PackedCompletions(t(ids)[None], None, t(tpos), t(tgt), t(msk), None, position_ids=t(pos)[None],
                                    cu_seqlens=t(cu), max_len=int(lens.max()), real_tokens=total)
         return MicroBatch(packed, t(behav), adv)
@@ -167,13 +165,11 @@ def build(table: SampleTable, rows, *, pad_id: int = 0, layout: str = "padded", 
         raise ValueError(f"unknown micro-batch layout {layout!r}: padded, packed or shared")
     L = max(int(s.max()), -(-min_tokens // S))
     L = -(-L // multiple) * multiple
+    real = np.arange(L)[None, :] < s[:, None]
     ids = np.full((S, L), pad_id, np.int64)
-    ids[np.repeat(np.arange(S), p), ranges(np.zeros(S, np.int64), p)] = prompt_tok
-    ids[row_c, ranges(p, c)] = comp_tok
-    att = (np.arange(L)[None, :] < s[:, None]).astype(np.int64)
-    tpos = np.zeros((S, T), np.int64)
-    tpos[row_c, k_c] = ranges(p - 1, c)
-    return MicroBatch(PackedCompletions(t(ids), t(att), t(tpos), t(tgt), t(msk)), t(behav), adv)
+    ids[real] = seq
+    tpos = np.where(msk, (p - 1)[:, None] + k, 0)
+    return MicroBatch(PackedCompletions(t(ids), t(real.astype(np.int64)), t(tpos), t(tgt), t(msk)), t(behav), adv)
 
 
 def prefetched(fn, items: list):

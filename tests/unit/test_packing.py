@@ -85,9 +85,10 @@ def test_a_packed_step_equals_the_padded_step(tiny_model_dir):
         comps = [rng.integers(3, 100, int(n)).tolist() for n in rng.integers(1, 12, 6)]
         groups.append(TrainGroup(rng.integers(3, 100, 3 + 2 * g).tolist(), comps, [[-2.0] * len(c) for c in comps],
                                  [float(i % 2) for i in range(6)], [i % 2 == 1 for i in range(6)]))
-    res = []
+    res, init = [], None
     for packing in (False, True):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        init = init or {k: v.clone() for k, v in model.state_dict().items()}
         cfg = LearnerConfig(num_minibatches=2, lr=1e-3, micro_batch_tokens=40, packing=packing)
         tr = Trainer(model, cfg, JobConfig(n_samples=6, prompts_per_step=2), pad_id=0)
         m = tr.step(groups)
@@ -95,7 +96,6 @@ def test_a_packed_step_equals_the_padded_step(tiny_model_dir):
     (m0, w0), (m1, w1) = res
     assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-5, abs=1e-7)
     assert m1["padding_frac"] == 0 < m0["padding_frac"] and m1["decoder_tokens"] < m0["decoder_tokens"]
-    init = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     diff = update = 0.0
     for k in w0:  # Adam scales a near-zero gradient's float32 noise up to a few % of its ~1e-3 step
         torch.testing.assert_close(w1[k], w0[k], rtol=1e-4, atol=1e-4)
@@ -170,3 +170,14 @@ def test_the_varlen_call_matches_the_masked_reference_whatever_the_torch_signatu
                 continue
             out = _flash(kernel, takes, q, k, v, cu, 11, scaling, window, torch.float32)
             torch.testing.assert_close(out, _masked(q, k, v, cu, scaling, window), rtol=1e-5, atol=1e-6)
+
+
+def test_the_prep_bench_times_both_paths():
+    """`python -m bench.prep`'s case at a small size: both paths build every pass and report their host time
+    against the step's estimated GPU time."""
+    from bench.prep import case
+
+    rows = [case(path, 128, 2, packing, n=64) for path, packing in (("now", True), ("now", False), ("before", False))]
+    for r in rows:
+        assert r["passes"] > 8 and 0 < r["host_s"] < r["gpu_s_estimate"] and r["seq_tokens"] > 128 * 256
+    assert rows[0]["seq_tokens"] == rows[2]["seq_tokens"]  # the same step both ways
