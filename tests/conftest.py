@@ -145,11 +145,25 @@ def vllm_engine(tiny_cfg):
 
 @pytest.fixture(scope="session")
 def warm_model_dir(tmp_path_factory) -> str:
-    """The tiny model after its supervised warm start (as `brorl run` builds it): groups carry signal."""
+    """The tiny model after its supervised warm start (as `brorl run` builds it): groups carry signal. Built
+    once per run: pytest-xdist's workers share it (their temp folders have one parent), the first to need it
+    builds it under a file lock while the others wait. Tests only read it."""
+    import shutil
+
+    from filelock import FileLock
+
     from config.loader import load_config
     from tinymodel import build_tiny_model
     from tinymodel.warm_start import warm_start
 
-    d = build_tiny_model(tmp_path_factory.mktemp("warm-model"), seed=0)
-    warm_start(load_config("tiny-cpu"), d, verbose=False)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    d, built = root / "warm-model", root / "warm-model.built"
+    with FileLock(str(root / "warm-model.lock")):
+        if not built.exists():
+            shutil.rmtree(d, ignore_errors=True)  # a build that a killed worker left half done
+            build_tiny_model(d, seed=0)
+            warm_start(load_config("tiny-cpu"), d, verbose=False)
+            built.touch()
     return str(d)
