@@ -36,8 +36,17 @@ RUN apt-get update \
 ENV PATH=/opt/brorl/bin:$PATH
 
 WORKDIR /app
-# Dependencies first (cached layer), then the source.
-COPY pyproject.toml README.md ./
+# Dependencies first, from pyproject.toml alone: a layer that a rebuild reuses until they change (a change in
+# the source or the README reinstalls only brorl itself, below).
+COPY pyproject.toml ./
+RUN pip install --upgrade pip \
+ && python -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + [d for e in sys.argv[1:] for d in p['optional-dependencies'][e]]))" \
+    ${EXTRA} cluster > /tmp/requirements.txt \
+ && PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL}" PIP_FIND_LINKS="${PIP_FIND_LINKS}" pip install -r /tmp/requirements.txt \
+ && if [ "${EXTRA}" = cpu ]; then pip uninstall -y torchvision torchaudio torchcodec; fi \
+ && rm /tmp/requirements.txt
+COPY README.md ./
 COPY cli cli
 COPY actors actors
 COPY learner learner
@@ -49,9 +58,7 @@ COPY verifiers verifiers
 COPY taskdata taskdata
 COPY theory theory
 COPY config config
-RUN pip install --upgrade pip \
- && PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL}" PIP_FIND_LINKS="${PIP_FIND_LINKS}" pip install ".[${EXTRA},cluster]" \
- && if [ "${EXTRA}" = cpu ]; then pip uninstall -y torchvision torchaudio torchcodec; fi \
+RUN PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL}" PIP_FIND_LINKS="${PIP_FIND_LINKS}" pip install --no-deps . \
  && python -c "import torch, vllm, zmq, deepspeed, ray; print('torch', torch.__version__, 'vllm', vllm.__version__)" \
  && mkdir -p /runs && chown brorl:brorl /runs
 

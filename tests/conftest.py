@@ -70,6 +70,10 @@ def pytest_configure(config):
 
     from tests.support.reaper import OWNER_TAG
 
+    missing = [f for f in LONGEST_FIRST if not (config.rootpath / f).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no such file: {missing}; update the list")
+
     me = psutil.Process()
     env = {k: v for k, v in os.environ.items() if k != OWNER_TAG}
     capman = config.pluginmanager.getplugin("capturemanager")
@@ -80,7 +84,28 @@ def pytest_configure(config):
     os.environ[OWNER_TAG] = str(me.pid)
 
 
+LONGEST_FIRST = [
+    "tests/e2e/test_restarts.py", "tests/integration/test_train_step.py", "tests/e2e/test_actor.py",
+    "tests/e2e/test_faults.py", "tests/e2e/test_user_data.py", "tests/e2e/test_ray.py", "tests/e2e/test_run.py",
+    "tests/e2e/test_reproducible.py", "tests/integration/test_learner_ranks.py", "tests/e2e/test_vllm_engine.py",
+    "tests/e2e/test_families.py", "tests/e2e/test_in_flight.py",
+]
+"""The test files that take minutes, longest first. `.ci/test` hands files to its workers in collection order
+(`--no-loadscope-reorder`): the long ones first, so that no worker draws one at the end while the other idles."""
+TIER_ORDER = ["tests/e2e/", "tests/integration/", "tests/unit/"]
+"""Then the other files, slower tiers first: the quick unit files fill in at the end."""
+
+
+def _run_order(item) -> tuple[int, int]:
+    path = item.nodeid.split("::", 1)[0]
+    if path in LONGEST_FIRST:
+        return (0, LONGEST_FIRST.index(path))
+    return (1, next((i for i, t in enumerate(TIER_ORDER) if path.startswith(t)), len(TIER_ORDER)))
+
+
 def pytest_collection_modifyitems(config, items):
+    # a stable sort on the file alone: each file's tests stay together and in their order
+    items.sort(key=_run_order)
     if _has_cuda():
         return
     gpu = [it for it in items if it.get_closest_marker("gpu")]
@@ -120,11 +145,25 @@ def vllm_engine(tiny_cfg):
 
 @pytest.fixture(scope="session")
 def warm_model_dir(tmp_path_factory) -> str:
-    """The tiny model after its supervised warm start (as `brorl run` builds it): groups carry signal."""
+    """The tiny model after its supervised warm start (as `brorl run` builds it): groups carry signal. Built
+    once per run: pytest-xdist's workers share it (their temp folders have one parent), the first to need it
+    builds it under a file lock while the others wait. Tests only read it."""
+    import shutil
+
+    from filelock import FileLock
+
     from config.loader import load_config
     from tinymodel import build_tiny_model
     from tinymodel.warm_start import warm_start
 
-    d = build_tiny_model(tmp_path_factory.mktemp("warm-model"), seed=0)
-    warm_start(load_config("tiny-cpu"), d, verbose=False)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    d, built = root / "warm-model", root / "warm-model.built"
+    with FileLock(str(root / "warm-model.lock")):
+        if not built.exists():
+            shutil.rmtree(d, ignore_errors=True)  # a build that a killed worker left half done
+            build_tiny_model(d, seed=0)
+            warm_start(load_config("tiny-cpu"), d, verbose=False)
+            built.touch()
     return str(d)
