@@ -9,7 +9,8 @@ checkpoint) on the tiny-cpu preset with `actor.num_actors = 2` and effectively u
 10 s the resident memory of every process of the job (per role: the launcher, the learner, each actor with its
 vLLM engine and scoring workers) and the disk use of the run folder (checkpoints, logs, the rest: ledger and
 metrics), and injects:
-  - a SIGKILL of a random actor every `--kill-every` seconds (±30 %, not within 60 s of another fault);
+  - a SIGKILL of the longest-lived actor every `--kill-every` seconds (±30 %, not within 60 s of another
+    fault);
   - a SIGKILL of the learner every `--learner-kill-every` seconds;
   - a SIGSTOP of a random actor (the process and its children) for 60 s at 20 and 80 minutes;
   - at 45 minutes a disk full: a small tmpfs mounted on `run_dir/checkpoints` (holding a copy of the
@@ -208,7 +209,8 @@ def main() -> int:
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "cli", "run", "--no-eval", "--actor.num_actors", "2", "--learner.steps", "1000000",
            "--run.run_dir", str(run_dir), "--run.eval_interval", "0",
-           "--learner.checkpoint_interval", str(CHECKPOINT_INTERVAL), "--run.max_learner_restarts", "100"]
+           "--learner.checkpoint_interval", str(CHECKPOINT_INTERVAL), "--run.max_learner_restarts", "100",
+           "--run.max_actor_restarts", "100"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(run_dir.parent / "soak-launcher.log", "w"),
@@ -293,8 +295,8 @@ def main() -> int:
                     say(f"SIGSTOP {victim} for 60 s at step {events[-1]['step']}")
             elif now >= next_kill and quiet():
                 actors = sorted(k for k in r if k.startswith("actor-"))
-                if actors:
-                    victim = rng.choice(actors)
+                if actors:  # the longest-lived: each restarted actor gets its engine up before its next kill
+                    victim = min(actors, key=lambda k: r[k][0].create_time())
                     rows = read(run_dir / "metrics.jsonl")
                     os.kill(r[victim][0].pid, signal.SIGKILL)
                     kills.append({"t": time.time() - t0, "actor": victim, "step": rows[-1]["step"] if rows else 0})
