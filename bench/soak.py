@@ -2,7 +2,7 @@
 few minutes, the learner SIGKILLed every 30 minutes, an actor SIGSTOPped for 60 s (at 20 and 80 minutes), one
 checkpoint write failing with a real disk full.
 
-    python -m bench.soak [--minutes 90] [--kill-every 180] [--learner-kill-every 1800] [--seed 0]
+    python -m bench.soak [--minutes 90] [--kill-every 180] [--learner-kill-every 1800] [--checkpoint-interval 20]
 
 Runs `brorl run --no-eval` (the real launcher, which restarts killed actors and the killed learner from its
 checkpoint) on the tiny-cpu preset with `actor.num_actors = 2` and effectively unbounded steps, samples every
@@ -48,7 +48,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FILLER = ".soak-filler"
-CHECKPOINT_INTERVAL = 50
 
 
 def roles(launcher_pid: int) -> dict[str, list]:
@@ -195,6 +194,7 @@ def main() -> int:
     ap.add_argument("--stop-at", type=float, nargs="*", default=[20.0, 80.0],
                     help="minutes at which an actor is SIGSTOPped for 60 s")
     ap.add_argument("--disk-full-at", type=float, default=45.0, help="minute of the disk-full fault (0: none)")
+    ap.add_argument("--checkpoint-interval", type=int, default=20, help="learner.checkpoint_interval (steps)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench" / "soak"))
     ap.add_argument("--analyse", metavar="JSON", help="only recompute the figures from a saved soak.json")
@@ -209,7 +209,7 @@ def main() -> int:
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "cli", "run", "--no-eval", "--actor.num_actors", "2", "--learner.steps", "1000000",
            "--run.run_dir", str(run_dir), "--run.eval_interval", "0",
-           "--learner.checkpoint_interval", str(CHECKPOINT_INTERVAL), "--run.max_learner_restarts", "100",
+           "--learner.checkpoint_interval", str(args.checkpoint_interval), "--run.max_learner_restarts", "100",
            "--run.max_actor_restarts", "100"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -258,7 +258,7 @@ def main() -> int:
                                "end": dk.end()})
                     say(f"disk full over (the write failed: {failed}): {ev['end']}")
                     disk = None
-            if disk_at and now >= disk_at and quiet() and last_step(run_dir) % CHECKPOINT_INTERVAL >= 5:
+            if disk_at and now >= disk_at and quiet() and last_step(run_dir) % args.checkpoint_interval >= 2:
                 disk_at = None
                 ev = {"t": now - t0, "kind": "disk_full", "step": last_step(run_dir)}
                 dk = None
@@ -327,7 +327,7 @@ def main() -> int:
     launcher_log = (run_dir.parent / "soak-launcher.log").read_text(errors="replace")
     result = {
         "minutes": (time.time() - t0) / 60, "launcher_rc": rc, "ended_by_itself": died is not None,
-        "checkpoint_interval": CHECKPOINT_INTERVAL, "kills": kills, "events": events, "rss_samples": samples,
+        "checkpoint_interval": args.checkpoint_interval, "kills": kills, "events": events, "rss_samples": samples,
         "learner_restart_lines": [ln for ln in launcher_log.splitlines() if "learner died" in ln],
         "steps_rows": [{"step": r["step"], "t": r["time"] - t0, "generated": r.get("generated") or 0.0,
                         "pass_rate": r.get("pass_rate")} for r in rows],

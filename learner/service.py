@@ -260,6 +260,14 @@ class LearnerService(Intake):
             beat = self.cfg.transport.heartbeat_interval_s
             await asyncio.sleep(2 * beat)
             self.evict_silent(within_s=1.5 * beat)
+            # every member lives and named the group, yet it never formed: one joined in name only (or was slow)
+            if forming:
+                blamed, waiting = self.members.hold_out_namers(alive, forming[0])
+                if blamed or waiting:
+                    log.error("weight group %s never formed though every member named it: %s left out of weight "
+                              "groups for a back-off (%s), %s out of the next rendezvous only", forming[0],
+                              blamed, ", ".join(f"{a}: {self.members.probation[a] - time.monotonic():.0f} s"
+                                                for a in blamed), waiting)
 
     def _drop_group(self) -> None:
         """No weight group any more: the next broadcast forms a new one; nobody is handed the old rendezvous."""
