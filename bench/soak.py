@@ -224,7 +224,7 @@ def main() -> int:
         print(f"[soak] {time.time() - t0:6.0f} s: {msg}", flush=True)
 
     def quiet() -> bool:  # no other fault in the last 60 s nor under way (figures stay separable)
-        last = max([k["t"] for k in kills] + [e["t"] for e in events] + [-1e9])
+        last = max([k["t"] for k in kills] + [e.get("end_t", e["t"]) for e in events] + [-1e9])
         return time.time() - t0 - last > 60 and stopped is None and disk is None
 
     next_kill = time.time() + 120 + args.kill_every * rng.uniform(0.7, 1.3)  # after engines are up
@@ -246,6 +246,7 @@ def main() -> int:
                         p.send_signal(signal.SIGCONT)
                     except Exception:
                         pass
+                stopped[2]["end_t"] = now - t0
                 say("SIGCONT")
                 stopped = None
             if disk:
@@ -290,8 +291,8 @@ def main() -> int:
                             p.send_signal(signal.SIGSTOP)
                         except Exception:
                             pass
-                    stopped = (r[victim], now + 60)
                     events.append({"t": now - t0, "kind": "actor_stop", "actor": victim, "step": last_step(run_dir)})
+                    stopped = (r[victim], now + 60, events[-1])
                     say(f"SIGSTOP {victim} for 60 s at step {events[-1]['step']}")
             elif now >= next_kill and quiet():
                 actors = sorted(k for k in r if k.startswith("actor-"))
@@ -382,11 +383,14 @@ def report(res: dict) -> int:
     events = res.get("events", [])
     times = [r["t"] for r in rows]
     gaps = [b - a for a, b in zip(times, times[1:])]
+    fault_ts = sorted([k["t"] for k in kills] + [e["t"] for e in events])
     for k in kills:  # steps lost: the longest gap after the kill against the step time just before it
         k.update(gap_loss(times, gaps, k["t"]))
+        k["other_faults_within_120s"] = sum(0 < abs(t - k["t"]) <= 120 for t in fault_ts)
     for e in events:
+        e["other_faults_within_120s"] = sum(0 < abs(t - e["t"]) <= 120 for t in fault_ts)
         if e["kind"] == "actor_stop":
-            e.update(gap_loss(times, gaps, e["t"], 180.0))
+            e.update(gap_loss(times, gaps, e["t"], 70.0))  # the 60 s stop and its eviction
         elif e["kind"] == "learner_kill":  # the new learner resumes at its checkpoint: the steps after it redone
             nxt = [r for r in rows if r["t"] > e["t"]]
             if nxt:
@@ -440,7 +444,7 @@ def report(res: dict) -> int:
         print(table([{"part": k, **{m: r1(v) for m, v in d.items()}} for k, d in disk.items()],
                     ["part", "max_mb", "last_mb", "slope_after_30min_mb_per_h"]))
     print(table([{k: r1(v) for k, v in kk.items()} for kk in kills],
-                ["t", "actor", "step", "step_s_before", "max_gap_s", "steps_lost"]))
+                ["t", "actor", "step", "step_s_before", "max_gap_s", "steps_lost", "other_faults_within_120s"]))
     for e in events:
         print("  " + json.dumps({k: r1(v) for k, v in e.items() if k != "log_offset"}))
     lost = [k["steps_lost"] for k in kills if k["steps_lost"] == k["steps_lost"]]
