@@ -82,14 +82,18 @@ class Checkpointer:
         tmp = self.root / f".tmp-step-{step:06d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        write_model(tmp / "model")
-        if write_extra is not None:
-            write_extra(tmp)
-        torch.save(state["optimizer"], tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps(state["meta"]))
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / "manifest.json").write_text(json.dumps(files))
-        _fsync_tree(tmp)
+        try:
+            write_model(tmp / "model")
+            if write_extra is not None:
+                write_extra(tmp)
+            torch.save(state["optimizer"], tmp / "optimizer.pt")
+            (tmp / "state.json").write_text(json.dumps(state["meta"]))
+            files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+            (tmp / "manifest.json").write_text(json.dumps(files))
+            _fsync_tree(tmp)
+        except BaseException:  # (a disk full): give the space back; the previous checkpoints are untouched
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if final.exists():  # the same step again (e.g. a stop right after a scheduled save)
             aside = self.root / f".aside-step-{step:06d}-{os.getpid()}"
             os.replace(final, aside)

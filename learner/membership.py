@@ -40,6 +40,11 @@ class Membership:
         self.shunned: dict[str, float] = {}  # actor id -> when its back-off ends
         self.strikes: dict[str, int] = {}  # actor id -> failed rendezvous it was absent from, since it last joined
         self.rejoining: set[str] = set()  # left out, and said hello since: back in once its back-off ends
+        # named a weight group that never formed: who is to blame is learnt from who forms a group without whom
+        self.proven: set[str] = set()  # in a group that formed, since its hello and its last failed rendezvous
+        self.probation: dict[str, float] = {}  # actor id -> until: left out, blamed for a failed rendezvous
+        self.waiting: dict[str, float] = {}  # actor id -> until: left out of the next rendezvous only (a test)
+        self.hello_at: dict[str, float] = {}  # actor id -> when its incarnation said its first hello
         self.bad_weights: dict[str, int] = {}  # actor -> version whose weights it reported with a wrong checksum
         self.resync = False
         self._reminded: dict[str, float] = {}
@@ -59,8 +64,10 @@ class Membership:
         now = time.monotonic()
         for a in [a for a, t in self._heard.items() if now - t >= self.timeout_s]:
             for table in (self._heard, self.incarnations, self.addresses, self.last_seen, self.versions,
-                          self.actor_stats, self.last_error, self.bad_weights, self.joining):
+                          self.actor_stats, self.last_error, self.bad_weights, self.joining, self.hello_at,
+                          self.waiting):
                 table.pop(a, None)
+            self.proven.discard(a)
             self.route_owner.pop(self.routes.pop(a, b""), None)
             self.suspects.discard(a)
 
@@ -79,6 +86,10 @@ class Membership:
             self.rejoining.add(actor_id)
         old = self.incarnations.get(actor_id)
         self.incarnations[actor_id] = incarnation
+        self.proven.discard(actor_id)  # a new process, or one the learner forgot: it proves itself again
+        if old != incarnation or actor_id not in self.hello_at:
+            self.hello_at[actor_id] = time.monotonic()
+            self.joining.pop(actor_id, None)  # the group the old process named is not this one's
         left = actor_id in self.group
         if left:
             self.group = []
@@ -177,9 +188,23 @@ class Membership:
     def left_out(self, actor_id: str, now: float | None = None) -> bool:
         """Is this actor kept out of weight groups (it failed one and has not both said hello again and
         waited out its back-off)?"""
+        now = time.monotonic() if now is None else now
+        if now < self.probation.get(actor_id, -math.inf) or now < self.waiting.get(actor_id, -math.inf):
+            return True
         if actor_id not in self.shunned:
             return False
-        return actor_id not in self.rejoining or (time.monotonic() if now is None else now) < self.shunned[actor_id]
+        return actor_id not in self.rejoining or now < self.shunned[actor_id]
+
+    def _strike(self, a: str, now: float) -> float:
+        """One more failed rendezvous blamed on `a`; returns its back-off (`backoff_s`, doubling, up to 64×)."""
+        if a not in self.strikes and len(self.strikes) >= 4 * self.max_actors:  # bounded: oldest goes
+            old = next(iter(self.strikes))
+            self.strikes.pop(old)
+            self.shunned.pop(old, None)
+            self.probation.pop(old, None)
+            self.rejoining.discard(old)
+        k = self.strikes[a] = self.strikes.get(a, 0) + 1
+        return now + self.backoff_s * 2 ** min(k - 1, 6)
 
     def shun_absent(self, group: list[str], name: str, since: float) -> list[str]:
         """After the rendezvous of weight group `name` of `group` failed: the members that showed they live
@@ -192,22 +217,53 @@ class Membership:
                         and self.joining.get(a, ("", 0.0))[0] != name)
         now = time.monotonic()
         for a in absent:
-            if a not in self.strikes and len(self.strikes) >= 4 * self.max_actors:  # bounded: oldest goes
-                old = next(iter(self.strikes))
-                self.strikes.pop(old)
-                self.shunned.pop(old, None)
-                self.rejoining.discard(old)
-            k = self.strikes[a] = self.strikes.get(a, 0) + 1
-            self.shunned[a] = now + self.backoff_s * 2 ** min(k - 1, 6)
+            self.shunned[a] = self._strike(a, now)
             self.rejoining.discard(a)
         return absent
+
+    def hold_out_namers(self, group: list[str], name: str) -> tuple[list[str], list[str]]:
+        """After the rendezvous of weight group `name` of `group` failed, its members that still live and named
+        it (one of them joined it in name only, or was too slow): which to leave out of the next groups, so
+        that such a member does not cost a weight timeout per rendezvous while an honest one is not starved.
+        Only when every member named it (none died, stopped or stayed away: that would explain the failure).
+        A member is proven by a group that formed with it (since its hello). Among proven and unproven namers
+        the unproven are blamed. When none is proven, a lone namer is blamed, and of several the newer half
+        (the fewer strikes and the older hello stay) waits out the next rendezvous: if it forms without them
+        they come straight back, and the one who fails it with proven members is then blamed. When all are
+        proven the failure is forgiven once: they must prove themselves again. A blamed member is left out
+        for `backoff_s` (doubling per failure, up to 64×, forgiven when it joins a group that forms) and then
+        comes back by itself (no hello needed: an honest slow member keeps heartbeating, never says hello).
+        Returns (blamed, waiting)."""
+        now = time.monotonic()
+        namers = sorted(a for a in group if a in self.last_seen and not self.left_out(a, now)
+                        and self.joining.get(a, ("", 0.0))[0] == name)
+        if len(namers) < len(group):  # a member that died, stopped or never named it explains the failure
+            self.waiting = {}
+            return [], []
+        unproven = [a for a in namers if a not in self.proven]
+        blamed, waiting = [], []
+        if unproven and len(unproven) < len(namers):
+            blamed = unproven
+        elif len(namers) == 1 and unproven:
+            blamed = namers
+        elif len(namers) > 1 and unproven:
+            order = sorted(namers, key=lambda a: (self.strikes.get(a, 0), self.hello_at.get(a, 0.0), a))
+            waiting = order[(len(order) + 1) // 2:]
+        self.proven -= set(namers)
+        self.waiting = {a: now + self.backoff_s for a in waiting}  # a test for one rendezvous, a time bound at most
+        for a in blamed:
+            self.probation[a] = self._strike(a, now)
+        return blamed, waiting
 
     def joined(self, group: list[str]) -> None:
         """Weight group `group` formed: its members proved they join; their strikes are forgiven."""
         self.group = group
+        self.proven |= set(group)
+        self.waiting = {}  # the test is over: those held out of it are called again
         for a in group:
             self.shunned.pop(a, None)
             self.strikes.pop(a, None)
+            self.probation.pop(a, None)
             self.rejoining.discard(a)
 
     def drop_silent(self, within_s: float | None = None) -> list[str]:

@@ -39,6 +39,7 @@ from transport.ports import free_port
 from transport.zmq_transport import Endpoints, LearnerSockets, Security
 
 log = logging.getLogger("brorl.learner")
+MAX_FAILED_SAVES = 3  # scheduled checkpoint saves failing in a row (disk full, read-only) that stop the job
 
 
 class TaskDied(RuntimeError):
@@ -128,6 +129,7 @@ class LearnerService(Intake):
         self.heldout = HeldoutEstimate(cfg, self.renderer)
         self.generated_total = 0  # samples generated since this process started (resume: counts afresh)
         self._bad_steps = 0  # consecutive steps skipped for non-finite values
+        self._failed_saves = 0  # consecutive scheduled checkpoint saves that failed
         self._no_progress = 0  # "no step for a while" warnings since the last step
 
     def source_of(self, pid: int) -> str:
@@ -270,6 +272,14 @@ class LearnerService(Intake):
             beat = self.cfg.transport.heartbeat_interval_s
             await asyncio.sleep(2 * beat)
             self.evict_silent(within_s=1.5 * beat)
+            # every member lives and named the group, yet it never formed: one joined in name only (or was slow)
+            if forming:
+                blamed, waiting = self.members.hold_out_namers(alive, forming[0])
+                if blamed or waiting:
+                    log.error("weight group %s never formed though every member named it: %s left out of weight "
+                              "groups for a back-off (%s), %s out of the next rendezvous only", forming[0],
+                              blamed, ", ".join(f"{a}: {self.members.probation[a] - time.monotonic():.0f} s"
+                                                for a in blamed), waiting)
 
     def _drop_group(self) -> None:
         """No weight group any more: the next broadcast forms a new one; nobody is handed the old rendezvous."""
@@ -277,10 +287,31 @@ class LearnerService(Intake):
         self.sockets.control.weights = {}
 
     async def checkpoint_if_due(self, force: bool = False) -> None:
-        """Every `learner.checkpoint_interval` steps, and at the job's last step (its trained model)."""
+        """Every `learner.checkpoint_interval` steps, and at the job's last step (its trained model). A
+        scheduled save that fails (a full or read-only disk) is an error the job survives: the last
+        checkpoint stays, the next interval tries again; `MAX_FAILED_SAVES` in a row stop the job. A forced or
+        last save raises."""
         lrn = self.cfg.learner
-        if force or self.version % lrn.checkpoint_interval == 0 or self.version == lrn.steps:
+        if not (force or self.version % lrn.checkpoint_interval == 0 or self.version == lrn.steps):
+            return
+        if force or self.version == lrn.steps:
             await asyncio.to_thread(self.save_checkpoint)
+            return
+        try:
+            await asyncio.to_thread(self.save_checkpoint)
+            self._failed_saves = 0
+        except Exception as e:  # a full disk surfaces as OSError, or as torch's or safetensors' own errors
+            self._failed_saves += 1
+            last = self.ckpt.latest()
+            msg = (f"checkpoint of step {self.version} failed ({self._failed_saves} in a row): {type(e).__name__}: "
+                   f"{str(e)[:300]}; training goes on, "
+                   f"the last checkpoint is {last.path.name if last else 'none'} (a learner restart now redoes the "
+                   f"steps since), the next try is at step {self.version + lrn.checkpoint_interval}")
+            if self._failed_saves >= MAX_FAILED_SAVES:
+                raise RuntimeError(f"{MAX_FAILED_SAVES} checkpoint saves in a row failed, the last at step "
+                                   f"{self.version}: {e}") from e
+            log.exception(msg)
+            events.emit("error", msg, fix=f"free space in {self.ckpt.root} (or check it is writable)")
 
     def save_checkpoint(self) -> Path:
         def write_model(d: Path) -> None:

@@ -134,3 +134,59 @@ async def test_every_nack_and_duplicate_returns_the_senders_lease():
     assert "must be int" in sent[0][1].rejected["a:inc:0"]
     assert list(d.requeue) == [granted[0], granted[2]]  # both granted again first
     assert [(r["returned"], r["reason"]) for r in rows] == [([granted[0]], "invalid"), ([granted[2]], "duplicate")]
+
+
+def _rendezvous_sim(monkeypatch, joins, actors: list[str], seconds: float, timeout_s: float = 120.0):
+    """The learner's regrouping, on a simulated clock: while the live members are not the formed group a
+    rendezvous is called, every member names it (heartbeats), and it forms iff `joins(group, now)`, else it
+    costs `timeout_s` and the failure is judged as `publish_weights` judges it. Returns (failed rendezvous,
+    seconds each actor spent in a formed group)."""
+    import learner.membership as membership
+
+    clock = [0.0]
+    monkeypatch.setattr(membership, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    m = Membership(timeout_s=1e9, backoff_s=timeout_s)
+    for i, a in enumerate(actors):
+        clock[0] = float(i)
+        m.hello(a, f"{a}-1")
+        m.seen(a)
+    failed, served = 0, dict.fromkeys(actors, 0.0)
+    while clock[0] < seconds:
+        alive = m.alive()
+        if alive and m.group != alive:
+            name = f"g{clock[0]:.0f}"
+            for a in alive:
+                m.seen(a)
+                m.joining[a] = (name, clock[0])
+            if joins(alive, clock[0]):
+                m.joined(alive)
+            else:
+                failed += 1
+                m.group = []
+                clock[0] += timeout_s
+                assert m.shun_absent(alive, name, since=clock[0] - timeout_s) == []  # every member named it
+                m.hold_out_namers(alive, name)
+                continue
+        for a in m.group if m.group == alive else []:
+            served[a] += 1.0
+        clock[0] += 1.0
+    return failed, served
+
+
+def test_a_member_that_names_the_weight_group_but_never_joins_costs_few_weight_timeouts(monkeypatch):
+    """Issue 52: a member that heartbeats the weight group's name but never joins it failed every rendezvous:
+    one weight timeout per regroup, the honest actor's group never formed (0 steps). Now who forms a group
+    without whom decides: it is left out with a doubling back-off, the honest one trains, whichever said
+    hello first."""
+    for order in (["a0", "z0"], ["z0", "a0"]):
+        failed, served = _rendezvous_sim(monkeypatch, lambda g, now: "z0" not in g, order, seconds=7200)
+        assert failed <= 8, (order, failed)  # not 7200 / 120 = 60
+        assert served["a0"] >= 0.85 * 7200 and served["z0"] == 0, (order, served)
+
+
+def test_an_honest_member_slow_to_join_once_is_not_starved(monkeypatch):
+    """A new member slow to join for its first 5 minutes (its engine was busy) fails two rendezvous: out of
+    the next one, then blamed beside the proven member for one back-off; then it joins and trains."""
+    failed, served = _rendezvous_sim(monkeypatch, lambda g, now: "h" not in g or now > 300, ["p", "h"], seconds=1800)
+    assert failed == 2
+    assert served["h"] >= 1800 - 3 * 120 - 10 and served["p"] >= 1800 - 2 * 120 - 10, served
