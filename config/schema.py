@@ -95,6 +95,13 @@ class ActorConfig(Section):
     enable_prefix_caching: bool = True
     """Reuse the prompt's KV cache across the N completions of a group."""
 
+    prefix_cache_per_version: bool = True
+    """Salt each request's prefix-cache keys with the weight version it starts under (vLLM's `cache_salt`): a
+    request reuses only prompt KV that requests of its own version computed. Under `in_flight_on_update =
+    "keep"` the cache outlives updates (finish and abort reset it at each one), so without the salt a new
+    request could start from KV an older version computed. False: reuse across versions (to measure what
+    that costs: `mismatch_kl`)."""
+
     in_flight_on_update: Literal["finish", "abort", "keep"] = "finish"
     """What happens to requests in flight when new weights arrive: "finish" them under the old weights
     (no new prompt starts meanwhile), "abort" them and return their prompts to the learner, or "keep"

@@ -74,3 +74,19 @@ def test_admission_judges_the_oldest_token_and_counts_staleness_per_token():
     st = a.take_stats()
     assert (st["staleness_0"], st["staleness_1"]) == (1 + 3, 3)  # tokens, not samples
     assert st["staleness_mean"] == pytest.approx(3 / 7)
+
+
+def test_prompt_kv_is_salted_with_the_version_its_request_starts_under():
+    from actors.engine import request_prompt
+    from config.schema import ActorConfig
+
+    a = ActorConfig()
+    ids = wire.PromptItem(7, "", "4", "synthetic", prompt_token_ids=[5, 6, 7])
+    text = wire.PromptItem(8, "2+2=", "4", "synthetic")
+    assert request_prompt(a, ids, 3) == {"prompt_token_ids": [5, 6, 7], "cache_salt": "brorl-v3"}
+    assert request_prompt(a, text, 3) == {"prompt": "2+2=", "cache_salt": "brorl-v3"}
+    # a new version's requests key their prompt blocks apart from the older version's; one version's share
+    assert request_prompt(a, ids, 4)["cache_salt"] != request_prompt(a, ids, 3)["cache_salt"]
+    assert request_prompt(a, text, 4) == request_prompt(a, text, 4)
+    off = ActorConfig(prefix_cache_per_version=False)
+    assert request_prompt(off, ids, 3) == {"prompt_token_ids": [5, 6, 7]}
