@@ -4,10 +4,14 @@ per-request token counts, on the wire (validated) and in the learner's admission
 import numpy as np
 import pytest
 
-from actors.in_flight import TokenVersions, counts_of
+from actors.in_flight import TokenVersions, by_request
 from learner.batching import Admission
 from tests.support.transport_helpers import make_group
 from transport import wire
+
+
+def counts_of(rid: str, counts: dict[str, int]) -> dict[int, int]:
+    return by_request(counts, {rid}).get(rid, {})
 
 
 def test_engine_request_ids_map_to_our_request_and_completion_index():
@@ -24,10 +28,17 @@ def test_each_token_gets_the_version_that_sampled_it():
     tv.begin("other", 2)
     # v3 arrives: completion 0 had 4 tokens, completion 1 was scheduled with none, completion 2 not yet
     tv.mark(3, {"0_r-x": 4, "1_r-x": 0})
-    # v4 arrives: completion 0 at 6 tokens; 1 is gone from the engine (no new count: it keeps its mark)
+    # v4 arrives: completion 0 at 6 tokens; 1 is gone from the engine (reported before, no count now: no
+    # boundary known, its tokens stay with the last report's v3, the oldest they can be, never v4)
     tv.mark(4, {"0_r-x": 6, "2_r-x": 1})
     out = tv.end("r", np.array([8, 3, 2]), [0, 1, 2])
-    assert out.tolist() == [0, 0, 0, 0, 1, 1, 2, 2] + [2, 2, 2] + [1, 2]
+    assert out.tolist() == [0, 0, 0, 0, 1, 1, 2, 2] + [1, 1, 1] + [1, 2]
+    # one reported finished (its final count) keeps all its tokens before that mark, whatever comes later
+    tv.begin("f", 2)
+    tv.mark(3, {"0_f": 2, "1_f": 1})
+    tv.mark(4, {"1_f": 3})
+    tv.mark(5, {})
+    assert tv.end("f", np.array([2, 4]), [0, 1]).tolist() == [0, 0] + [0, 1, 1, 2]
     # completions listed in another order than the engine's indices
     tv.begin("s", 5)
     tv.mark(6, {"0_s": 1, "1_s": 2})
