@@ -100,7 +100,8 @@ class LearnerService(Intake):
         self.admission = Admission(cfg.job.max_staleness)
         self.batcher = Batcher(cfg.job.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                lambda pids: self.take_back(pids, None, "stale", holder=False),
-                               self.dispatcher.wave_done if cfg.run.reproducible else None, self.source_of)
+                               self.dispatcher.wave_done if cfg.run.reproducible else None, self.source_of,
+                               cfg.learner.dynamic_sampling_metric)
         t = cfg.transport
         self.members = Membership(t.heartbeat_timeout_s, t.max_actors, backoff_s=t.weight_timeout_s)
         self.validator = GroupValidator(cfg, model.get_input_embeddings().num_embeddings)
