@@ -30,7 +30,7 @@ from learner.checkpoint import Checkpointer, rng_state, set_rng_state
 from learner.metrics import ACTOR_COUNTERS, MetricsWriter, open_append
 from learner.ranks import Ranks, build_trainer, follow, join_ranks
 from learner.report import StepReport
-from learner.train_step import TrainGroup
+from learner.planning import TrainGroup
 from learner.validation import GroupValidator
 from taskdata import PromptRenderer
 from transport import events, wire

@@ -21,7 +21,7 @@ Protocol:
      wire: the extra memory is two buckets on the learner and at most three on a receiver, whatever the
      model size.
   3. Check: each actor reports (version, checksum) of the bytes it loaded; the learner compares them
-     with its own (`weights_checksum`).
+     with the checksum of the bytes it sent (`WeightBroadcaster`, bucket by bucket as they go).
 A receiver that is missing or dead makes the broadcast fail within `timeout_s` (the gloo group's
 timeout) with `WeightSyncError`, never a hang.
 """
@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from transport.blocking import in_daemon_thread
-from transport.checksum import bucket_checksum, bucket_checksum_tensor, checksum_values, combine_checksums
+from transport.checksum import bucket_checksum_tensor, checksum_values, combine_checksums
 from transport.ports import route_to
 
 ALIGN = 16  # every tensor starts at a multiple of 16 bytes in its bucket, so views of any dtype work
@@ -127,12 +127,6 @@ def unpack_bucket(flat: torch.Tensor, plan: WeightPlan, first: int, last: int) -
         out.append((plan.names[i], flat[off: off + n].view(dtype).view(plan.shapes[i])))
         off += _align(n)
     return out
-
-
-def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan,
-                     dtype: torch.dtype | None = None) -> str:
-    tensors = [t for _, t in named]
-    return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n, "cpu", dtype)) for a, b, n in plan.buckets])
 
 
 def open_group(host: str, port: int, rank: int, world_size: int, group_name: str, timeout_s: float,
