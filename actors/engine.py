@@ -129,6 +129,17 @@ def request_max_tokens(actor: ActorConfig, seed: int, prompt_id: int) -> int:
     return max(1, min(actor.max_tokens, round(draw)))
 
 
+def request_prompt(actor: ActorConfig, item: wire.PromptItem, version: int) -> dict[str, Any]:
+    """vLLM's prompt of a request started under weights `version`: token ids (or text), and with
+    `actor.prefix_cache_per_version` a cache salt naming the version, so the request's prompt KV is reused
+    only by requests of that version (vLLM salts the first block's hash; the rest chain from it)."""
+    prompt: dict[str, Any] = ({"prompt_token_ids": item.prompt_token_ids} if item.prompt_token_ids
+                              else {"prompt": item.prompt})
+    if actor.prefix_cache_per_version:
+        prompt["cache_salt"] = f"brorl-v{version}"
+    return prompt
+
+
 def request_seed(seed: int, prompt_id: int) -> int:
     """The sampling seed of a prompt's request (`run.reproducible`): vLLM gives its n samples seeds
     seed, seed + 1, ...; a prompt granted again samples the same way under the same weights."""

@@ -49,18 +49,13 @@ def by_request(counts: dict[str, int], rids) -> dict[str, dict[int, int]]:
     return out
 
 
-def counts_of(rid: str, counts: dict[str, int]) -> dict[int, int]:
-    """`by_request` for one request."""
-    return by_request(counts, {rid}).get(rid, {})
-
-
 class TokenVersions:
     """Per request in flight: the version it started under and, at each update it lived through, how many
     tokens each of its completions held (the marks)."""
 
     def __init__(self) -> None:
         self._start: dict[str, int] = {}
-        self._marks: dict[str, list[tuple[int, dict[int, int]]]] = {}
+        self._marks: dict[str, list[tuple[int, dict[int, int | None]]]] = {}
 
     def begin(self, rid: str, version: int) -> None:
         self._start[rid], self._marks[rid] = version, []
@@ -73,13 +68,16 @@ class TokenVersions:
         return [rid for rid, v in self._start.items() if not fresh(target, v, max_staleness)]
 
     def mark(self, version: int, counts: dict[str, int]) -> None:
-        """Weights of `version` are about to replace the current ones; `counts` from the engine. A completion
-        the engine no longer reports keeps its last mark (it finished) or 0 (it has not started)."""
+        """Weights of `version` are about to replace the current ones; `counts` from the engine (every request
+        its workers held since the last mark, those that finished included). A completion never reported
+        has not started: 0 tokens, all of its tokens are newer. One reported before and missing now gives no
+        boundary here (None): what it sampled after its last reported count is labelled with the version of
+        that report, the oldest it can be, never newer than it is (if it had finished, there is none)."""
         mine = by_request(counts, self._marks.keys())
         for rid, marks in self._marks.items():
             now = mine.get(rid, {})
-            last = marks[-1][1] if marks else {}
-            marks.append((version, {i: now.get(i, last.get(i, 0)) for i in set(now) | set(last)}))
+            seen = {i for _, at in marks for i in at}
+            marks.append((version, {**dict.fromkeys(seen - set(now)), **now}))
 
     def end(self, rid: str, lengths: np.ndarray, indices: list[int] | None = None) -> np.ndarray:
         """The request is done: uint8 per token, its version as an offset from the start version (empty when
@@ -92,7 +90,8 @@ class TokenVersions:
         for j, n in enumerate(lengths.tolist()):
             i = indices[j] if indices is not None else j
             for version, at in marks:  # tokens from the mark on were sampled by `version` (or later)
-                out[pos + min(at.get(i, 0), n):pos + n] = version - start
+                if (count := at.get(i, 0)) is not None:  # None: not reported at this mark, no boundary known
+                    out[pos + min(count, n):pos + n] = version - start
             pos += n
         return out
 

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from actors.engine import CompletionTexts, build_group, request_max_tokens, request_seed, sampling_params
+from actors.engine import (CompletionTexts, build_group, request_max_tokens, request_prompt, request_seed,
+                           sampling_params)
 from actors.in_flight import TokenVersions
 from actors.scoring import ScoringPool, verifier_failed
 from actors.stats import ActorStats, EngineLoad, WaveBudget
@@ -96,8 +97,7 @@ class GroupPipeline:
                                  **({"seed": request_seed(self.cfg.run.seed, item.prompt_id) + done}
                                     if self.cfg.run.reproducible else {}),
                                  **self.texts.request_kwargs())
-            prompt = {"prompt_token_ids": item.prompt_token_ids} if item.prompt_token_ids else item.prompt
-            async for out in self.supervisor.engine.generate(prompt, sp, rid):
+            async for out in self.supervisor.engine.generate(request_prompt(a, item, version), sp, rid):
                 final = out
         except BaseException:
             self.versions.forget(rid)

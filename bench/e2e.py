@@ -198,6 +198,10 @@ def summarise(m: list[dict], actors: int, tag: str = "") -> dict:
             "train_s_per_step": sum(r["train_s"] for r in steady) / len(steady),
             "broadcast_s_per_step": sum(r["broadcast_s"] for r in steady) / len(steady),
             "kept_share": sum(r["groups_kept"] for r in steady) / max(1, sum(r["groups_received"] for r in steady)),
+            # KL(μ ‖ π_old) per token, all steps: what the engine's sampling differs from the learner's
+            # (`actor.prefix_cache_per_version` on or off changes the prompt KV it samples from)
+            "mismatch_kl": sum(r.get("mismatch_kl", 0.0) for r in m) / len(m),
+            "mismatch_kl_max": max(r.get("mismatch_kl", 0.0) for r in m),
             # the learner's own figures (learner/flops.py; `learner.compile`: frames compiled after the first step)
             "learner_mfu": sum(r.get("mfu", 0.0) for r in steady) / len(steady),
             "learner_tflops": sum(r.get("model_tflops", 0.0) for r in steady) / len(steady),
@@ -300,7 +304,7 @@ def main() -> None:
                        "per_actor_samples_per_s", "of_raw", "timeshare_bound_samples_per_s", "engine_idle_share",
                        "actor_held_share", "learner_alone_s_per_step", "actor_idle_share", "busy_of_raw", "tokens_of_raw", "busy_tokens_of_raw", "busy_tokens_of_full_raw",
                        "engine_steps_per_busy_s", "learner_wait_share", "train_s_per_step",
-                       "broadcast_s_per_step", "kept_share", "aborted_stale_requests", "learner_mfu",
+                       "broadcast_s_per_step", "kept_share", "aborted_stale_requests", "mismatch_kl", "learner_mfu",
                        "compiled_frames_after_step_1", "mean_running_seqs", "mean_waiting_seqs", "mean_kv_use",
                        "mean_prefill_steps", "mean_gen_tokens"]))
     path = _write(a, model, raws, runs)

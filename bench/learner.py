@@ -61,7 +61,8 @@ def case_step(shape_name: str, n: int, samples: int, prompt_len: int, comp_len: 
 
     from bench.common import peak_rss_mb
     from config.schema import JobConfig, LearnerConfig
-    from learner.train_step import TrainGroup, Trainer
+    from learner.planning import TrainGroup
+    from learner.train_step import Trainer
 
     shape = {"tiny": TINY, "qwen2-0.5b": QWEN_05B}[shape_name]
     model = _model(shape)

@@ -58,7 +58,7 @@ def synthetic_groups(groups: int, n: int, prompt_len: int, comp_lens: list[int],
     """`groups` groups of n completions; completion i has comp_lens[i % len(comp_lens)] tokens."""
     import torch
 
-    from learner.train_step import TrainGroup
+    from learner.planning import TrainGroup
 
     g = torch.Generator().manual_seed(seed)
     out = []

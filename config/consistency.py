@@ -25,6 +25,8 @@ def check_consistency(cfg: "BrorlConfig") -> None:
             f"job.n_samples ({job.n_samples}) must be >= 2 when learner.dynamic_sampling is on: "
             "a group of one is always all-correct or all-wrong and would always be dropped"
         )
+    if lrn.dual_clip_c and lrn.dual_clip_c <= 1:
+        raise ValueError(f"learner.dual_clip_c ({lrn.dual_clip_c}) must be > 1 (verl uses 3), or 0 to turn dual-clip off")
     if act.max_num_seqs > act.cuda_graph_max_capture_size:
         raise ValueError(
             f"actor.max_num_seqs ({act.max_num_seqs}) exceeds actor.cuda_graph_max_capture_size "

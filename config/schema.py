@@ -95,6 +95,13 @@ class ActorConfig(Section):
     enable_prefix_caching: bool = True
     """Reuse the prompt's KV cache across the N completions of a group."""
 
+    prefix_cache_per_version: bool = True
+    """Salt each request's prefix-cache keys with the weight version it starts under (vLLM's `cache_salt`): a
+    request reuses only prompt KV that requests of its own version computed. Under `in_flight_on_update =
+    "keep"` the cache outlives updates (finish and abort reset it at each one), so without the salt a new
+    request could start from KV an older version computed. False: reuse across versions (to measure what
+    that costs: `mismatch_kl`)."""
+
     in_flight_on_update: Literal["finish", "abort", "keep"] = "finish"
     """What happens to requests in flight when new weights arrive: "finish" them under the old weights
     (no new prompt starts meanwhile), "abort" them and return their prompts to the learner, or "keep"
@@ -245,13 +252,31 @@ class LearnerConfig(Section):
     overlong_buffer: int = Field(0, ge=0)
     """DAPO's soft overlong punishment: a completion within this many tokens of `actor.max_tokens` loses
     reward linearly, `overlong_penalty` at the limit (added to the verifier's reward before the advantages;
-    dynamic sampling still reads correctness). 0: off."""
+    dynamic sampling reads the verifier's reward or correctness, without it). 0: off."""
 
     overlong_penalty: float = Field(1.0, ge=0.0)
     """The reward a completion of `actor.max_tokens` tokens loses under `overlong_buffer`."""
 
     dynamic_sampling: bool = True
-    """Drop groups whose N completions are all correct or all wrong (DAPO); needs N ≥ 2."""
+    """Drop groups that carry no learning signal (DAPO), as `dynamic_sampling_metric` says; needs N ≥ 2. The
+    learner's batcher decides once per group as it arrives; the training step trains what it is given."""
+
+    dynamic_sampling_metric: Literal["reward", "correct"] = "reward"
+    """What dynamic sampling reads: "reward" keeps a group whose verifier rewards are not all equal (partial
+    credit — code, IFEval — keeps an all-incorrect group scored 0.2 and 0.8; for binary rewards, 1.0 iff
+    correct, the same groups as "correct"); "correct" keeps one with 0 < #correct < N. The verifier's
+    reward, before `overlong_buffer`'s penalty."""
+
+    advantage_whitening: Literal["samples", "tokens"] = "samples"
+    """Over what REINFORCE++-baseline's Â = (A − mean) / std takes its mean and std: the step's trained
+    samples, each counting once (the paper's), or their response tokens, each sample weighted by its length
+    (OpenRLHF's REINFORCE++). Either way over the samples that train: completions masked by
+    `overlong_filter` or empty stay in their group's baseline but out of the statistics."""
+
+    dual_clip_c: float = Field(0.0, ge=0.0)
+    """Dual-clip PPO's c (> 1; verl's 3): for a negative advantage the clipped objective is bounded below by
+    c·Â, so a token whose ratio ran past c adds no gradient. 0: off (the paper's recipe has none; truncated
+    IS already caps the weight of stale tokens)."""
 
     backend: Literal["torch", "deepspeed"] = "torch"
     """Training backend: plain torch (CPU or one GPU) or DeepSpeed ZeRO (several GPUs)."""

@@ -4,7 +4,7 @@ Names follow the paper: `eps_low`, `eps_high` (clip-higher), `tis_cap` (C of tru
 sampling), `pass_rate` (dynamic-sampling pass rate). Shapes: G groups, N completions per group,
 S = samples in a mini-batch, T = padded response length.
 
-    keep = dynamic_sampling_mask(correct)                 # bool[G]
+    keep = dynamic_sampling_mask(rewards or correct)      # bool[G] (the learner's batcher decides per group)
     adv  = reinforce_pp_advantages(rewards, keep)         # float[G, N]
     pen  = overlong_penalty(lengths, max_tokens, buffer)   # float[G, N], added to rewards (DAPO)
     loss, metrics = policy_loss(logp, old_logp, behav_logp, adv_of_samples, mask, ...)
@@ -32,20 +32,41 @@ def _valid(x: torch.Tensor, valid: torch.Tensor | None, name: str) -> torch.Tens
     return valid
 
 
-def dynamic_sampling_mask(correct: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """DAPO dynamic sampling: keep group g iff 0 < #correct(g) < N(g).
+def dynamic_sampling_mask(signal: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """DAPO dynamic sampling: keep group g iff its completions' `signal` values are not all equal.
 
-    correct: bool[G, N]  — whether completion i of group g is correct.
-    valid:   bool[G, N]  — groups of varying size (`job.rollouts = "adaptive"`): which slots hold one.
-    returns: bool[G]     — True for groups that carry a learning signal.
+    signal:  bool[G, N]  correctness: keep iff 0 < #correct(g) < N(g); or
+             float[G, N] rewards: keep iff they differ within g (partial credit: an all-incorrect group
+                         scored 0.2 and 0.8 carries signal). `learner.dynamic_sampling_metric` picks which.
+    valid:   bool[G, N]  groups of varying size (`job.rollouts = "adaptive"`): which slots hold one.
+    returns: bool[G]     True for groups that carry a learning signal.
     """
-    if correct.ndim != 2:
-        raise ValueError(f"correct must be bool[G, N], got shape {tuple(correct.shape)}")
-    if correct.dtype != torch.bool:
-        raise ValueError(f"correct must have dtype bool, got {correct.dtype}")
-    valid = _valid(correct, valid, "correct")
-    n_correct = (correct & valid).sum(dim=1)
-    return (n_correct > 0) & (n_correct < valid.sum(dim=1))
+    if signal.ndim != 2:
+        raise ValueError(f"signal (correct or rewards) must be [G, N], got shape {tuple(signal.shape)}")
+    if signal.dtype != torch.bool and not signal.is_floating_point():
+        raise ValueError(f"signal must be bool (correct) or float (rewards), got {signal.dtype}")
+    valid = _valid(signal, valid, "signal")
+    if signal.dtype == torch.bool:
+        n_correct = (signal & valid).sum(dim=1)
+        return (n_correct > 0) & (n_correct < valid.sum(dim=1))
+    inf = torch.tensor(float("inf"), dtype=signal.dtype)
+    return torch.where(valid, signal, -inf).amax(dim=1) > torch.where(valid, signal, inf).amin(dim=1)
+
+
+def drop_reason(rewards, correct, metric: str) -> str:
+    """Why dynamic sampling drops one group ("" keeps it): "all_correct", "all_wrong" or, under the "reward"
+    metric, "equal_reward" (equal rewards, correctness mixed). rewards: float[N], correct: bool[N]."""
+    if metric not in DS_METRICS:
+        raise ValueError(f"dynamic sampling metric must be one of {DS_METRICS}, got {metric!r}")
+    c = torch.as_tensor(correct, dtype=torch.bool)[None]
+    signal = c if metric == "correct" else torch.as_tensor(rewards, dtype=torch.float64)[None]
+    if dynamic_sampling_mask(signal)[0]:
+        return ""
+    n = int(c.sum())
+    return "all_correct" if n == c.shape[1] else "all_wrong" if n == 0 else "equal_reward"
+
+
+DS_METRICS = ("reward", "correct")
 
 
 def pass_rate(keep: torch.Tensor, sizes: int | torch.Tensor) -> float:
@@ -57,14 +78,19 @@ def pass_rate(keep: torch.Tensor, sizes: int | torch.Tensor) -> float:
     return float(sizes[keep].sum().item()) / float(sizes.sum().item())
 
 
-def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor, valid: torch.Tensor | None = None, *,
+                            trained: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE++-baseline advantages.
 
-    A[g, i] = R[g, i] − mean_i R[g, i] (the mean over group g's own completions, however many it has); then,
-    over all samples of kept groups, Â = (A − mean(A)) / (std(A) + 1e-8), std being the population std
-    (ddof = 0). Dropped groups, and the padding of groups smaller than N, get 0.
+    A[g, i] = R[g, i] − mean_i R[g, i] (the mean over group g's own completions, however many it has, those
+    masked out of the loss included); then Â = (A − m) / (s + 1e-8), with m and s the mean and population std
+    (ddof = 0) of A over the samples that train: kept groups' completions that `trained` marks (default:
+    all), each weighted by `tokens` (its response tokens: whitening over tokens, as OpenRLHF's REINFORCE++)
+    or by 1 (whitening over samples, the default). Dropped groups, and the padding of groups smaller than N,
+    get 0.
 
-    rewards: float[G, N]; keep: bool[G]; valid: bool[G, N] or None  ->  float[G, N]
+    rewards: float[G, N]; keep: bool[G]; valid, trained: bool[G, N] or None; tokens: float[G, N] or None
+      ->  float[G, N]
     """
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be float[G, N], got shape {tuple(rewards.shape)}")
@@ -73,6 +99,10 @@ def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor, valid: to
     if keep.dtype != torch.bool:
         raise ValueError(f"keep must have dtype bool, got {keep.dtype}")
     valid = _valid(rewards, valid, "rewards")
+    if trained is not None and (trained.shape != rewards.shape or trained.dtype != torch.bool):
+        raise ValueError(f"trained must be bool{list(rewards.shape)} like rewards, got {trained.dtype}{list(trained.shape)}")
+    if tokens is not None and (tokens.shape != rewards.shape or (tokens < 0).any()):
+        raise ValueError(f"tokens must be [G, N] counts >= 0 like rewards, got shape {tuple(tokens.shape)}")
     if not torch.isfinite(rewards[valid]).all():
         raise ValueError("rewards contains NaN or inf")
     if not rewards.is_floating_point():
@@ -81,8 +111,15 @@ def reinforce_pp_advantages(rewards: torch.Tensor, keep: torch.Tensor, valid: to
     if not keep.any():
         return out
     a, v = group_advantages(rewards[keep], valid[keep]), valid[keep]
-    x = a[v]
-    a[v] = (x - x.mean()) / (x.std(correction=0) + ADV_EPS)
+    t = v if trained is None else v & trained[keep]
+    w = (torch.ones_like(a) if tokens is None else tokens[keep].to(a.dtype))[t]
+    if w.sum() > 0:
+        x = a[t]
+        mean = (w * x).sum() / w.sum()
+        std = ((w * (x - mean) ** 2).sum() / w.sum()).sqrt()
+        a[v] = (a[v] - mean) / (std + ADV_EPS)
+    else:  # nothing trains: no statistics to whiten by, nothing uses these values
+        a[v] = 0.0
     out[keep] = a
     return out
 
@@ -141,8 +178,10 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     loss_agg: str = "token-mean",
     entropy: torch.Tensor | None = None,
+    dual_clip_c: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped PPO with clip-higher, weighted by truncated importance sampling, plus optional k3 KL.
+    """Clipped PPO with clip-higher, weighted by truncated importance sampling, plus optional k3 KL and
+    dual-clip.
 
     logp:       float[S, T]  log πθ(y_t) — carries the gradient
     old_logp:   float[S, T]  log π_old(y_t), the learner's policy at the start of the step
@@ -155,6 +194,8 @@ def policy_loss(
     Per token:  r_t = exp(logp − old_logp)
                 w_t = min(exp(old_logp − behav_logp), tis_cap)          (detached)
                 ℓ_t = −w_t · min(r_t Â, clip(r_t, 1 − eps_low, 1 + eps_high) Â)
+                      (dual-clip, dual_clip_c = c > 1: for Â < 0 the min is raised to at least c Â,
+                       so a token whose ratio ran past c cannot push the loss without bound; 0: off)
                       + kl_coef · min(exp(d) − d − 1, 10),  d = clip(ref − logp, ±20)  (k3, clamped:
                         one token the policy has moved far from the reference cannot swamp the loss)
     Aggregation: "token-mean" = Σ ℓ_t / #tokens over the mini-batch; "seq-mean" = mean over samples
@@ -166,6 +207,8 @@ def policy_loss(
         raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
     if tis_cap <= 0:
         raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
+    if dual_clip_c and not dual_clip_c > 1:
+        raise ValueError(f"dual_clip_c must be > 1 (or 0: off), got {dual_clip_c}")
     if loss_agg not in ("token-mean", "seq-mean"):
         raise ValueError(f"loss_agg must be 'token-mean' or 'seq-mean', got {loss_agg!r}")
     if logp.ndim != 2:
@@ -202,7 +245,10 @@ def policy_loss(
     w = torch.clamp(raw_w, max=tis_cap)
     surr1 = ratio * adv
     surr2 = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    per_token = -w * torch.minimum(surr1, surr2)
+    surr = torch.minimum(surr1, surr2)
+    if dual_clip_c:
+        surr = torch.where(adv < 0, torch.maximum(surr, dual_clip_c * adv), surr)
+    per_token = -w * surr
 
     kl_tok = None
     if kl_coef > 0:
@@ -233,9 +279,11 @@ def policy_loss(
             "mismatch_kl": tok_mean(torch.exp(-log_mu_over_old) - 1 + log_mu_over_old),
             "approx_kl": tok_mean(ratio - 1 - log_ratio),
             "ratio_mean": tok_mean(ratio),
-            "pg_loss": tok_mean(-w * torch.minimum(surr1, surr2)),
+            "pg_loss": tok_mean(-w * surr),
             "train_tokens": float(n_tok.item()),
         }
+        if dual_clip_c:
+            metrics["dual_clip_frac"] = tok_mean((neg & (ratio > dual_clip_c)).to(m.dtype))
         if kl_tok is not None:
             metrics["ref_kl"] = tok_mean(kl_tok)
         if entropy is not None:

@@ -15,8 +15,9 @@ Dispatcher  (`learner.dispatch`) owns the data cursor: prompt ids are positions 
             next fresh id are its checkpoint state, so a resumed run hands out exactly the prompts the
             interrupted one had not consumed, then carries on.
 Admission   drops groups older than `max_staleness` versions (counted, prompt re-issued).
-Batcher     dynamic sampling with backfill: drops all-correct / all-wrong groups as they arrive (counted
-            by reason); `await next_batch(step, interrupted)` returns B kept groups that pass admission as
+Batcher     dynamic sampling with backfill, the one place groups are filtered: drops groups without signal
+            as they arrive (`learner.dynamic_sampling_metric`: equal rewards, or all correct / all wrong;
+            counted by reason); `await next_batch(step, interrupted)` returns B kept groups that pass admission as
             soon as they are there (woken by each arriving group, no polling), or None when `interrupted()`
             turns true (checked on every `wake()`), keeping what it has gathered for the next call.
 `run.reproducible` orders both: the dispatcher grants in waves sized by what the run has seen, the batcher
@@ -34,6 +35,7 @@ from typing import Callable
 
 import numpy as np
 
+from learner.algorithm import drop_reason
 from learner.dispatch import Dispatcher, NothingRenders, TaskStream
 from learner.sources import SourceStats
 from transport import wire
@@ -97,8 +99,10 @@ class Batch:
 class Batcher:
     def __init__(self, groups_per_step: int, dynamic_sampling: bool = True, admission: Admission | None = None,
                  give_back: Callable[[list[int]], None] = lambda pids: None,
-                 wave_done: Callable[[], bool] | None = None, source_of: Callable[[int], str] | None = None):
+                 wave_done: Callable[[], bool] | None = None, source_of: Callable[[int], str] | None = None,
+                 metric: str = "reward"):
         self.B = groups_per_step
+        self.metric = metric  # `learner.dynamic_sampling_metric`
         self.source_of = source_of  # prompt id -> its data source (the per-source metrics); None: the verifier
         self.wave_done = wave_done  # `run.reproducible`: a batch forms only when the dispatcher's wave is answered
         self.dynamic_sampling = dynamic_sampling
@@ -127,7 +131,7 @@ class Batcher:
                 self._gathered += keep
                 if len(self._gathered) == self.B:
                     groups, self._gathered = self._gathered, []
-                    return Batch(groups, self.take_stats())
+                    return Batch(groups, self.take_stats(groups))
                 if self.kept:  # what was popped was too stale: look at the rest before waiting for more
                     continue
             self._changed.clear()
@@ -152,12 +156,13 @@ class Batcher:
         if len(groups) < self.B:
             return None
         self.admission.check_batch(groups, step)  # the trained tokens' staleness histogram
-        return Batch(groups, self.take_stats())
+        return Batch(groups, self.take_stats(groups))
 
     def _reset(self) -> None:
         self.stats = {"generated": 0, "kept_samples": 0, "kept_groups": 0, "received_samples": 0, "tokens": 0,
                       "reward_sum": 0.0, "correct_sum": 0.0,
-                      "drop_all_correct": 0, "drop_all_wrong": 0, "drop_unleased": 0, "groups_received": 0}
+                      "drop_all_correct": 0, "drop_all_wrong": 0, "drop_equal_reward": 0, "drop_unleased": 0,
+                      "groups_received": 0}
         self.sources = SourceStats()
         self.consumed_ids: list[int] = []
 
@@ -183,14 +188,10 @@ class Batcher:
         s["tokens"] += int(g.lengths.sum())
         s["reward_sum"] += float(g.rewards.sum())
         s["correct_sum"] += float(g.correct.sum())
-        n_correct = int(g.correct.sum())
-        kept = not self.dynamic_sampling or 0 < n_correct < g.n
-        self.sources.add(g, self.source_of(g.prompt_id) if self.source_of else "", kept)
-        if self.dynamic_sampling and n_correct == g.n:
-            s["drop_all_correct"] += 1
-            self.consumed_ids.append(g.prompt_id)
-        elif self.dynamic_sampling and n_correct == 0:
-            s["drop_all_wrong"] += 1
+        why = drop_reason(g.rewards, g.correct.astype(bool), self.metric) if self.dynamic_sampling else ""
+        self.sources.add(g, self.source_of(g.prompt_id) if self.source_of else "", not why)
+        if why:
+            s[f"drop_{why}"] += 1
             self.consumed_ids.append(g.prompt_id)
         else:
             self.kept.append(g)
@@ -205,14 +206,20 @@ class Batcher:
         out, self.kept = self.kept[:n], self.kept[n:]
         return out
 
-    def take_stats(self) -> dict:
+    def take_stats(self, batch: list[wire.RolloutGroup] | None = None) -> dict:
+        """What arrived since the last call; `batch`: the groups the step trains. `pass_rate` is dynamic
+        sampling's own (samples it kept / generated); `train_pass_rate` = the batch's samples / generated:
+        below it by what admission dropped as stale after dynamic sampling kept it (and by kept groups
+        that wait for a later batch, which count in that one)."""
         s = self.stats
         gen = max(s["generated"], 1)
         out = {
             "generated": float(s["generated"]), "tokens": float(s["tokens"]),
             "rollout_reward": s["reward_sum"] / gen, "rollout_accuracy": s["correct_sum"] / gen,
             "pass_rate": s["kept_samples"] / gen, "drop_all_correct": float(s["drop_all_correct"]),
-            "drop_all_wrong": float(s["drop_all_wrong"]), "drop_unleased": float(s["drop_unleased"]),
+            "drop_all_wrong": float(s["drop_all_wrong"]), "drop_equal_reward": float(s["drop_equal_reward"]),
+            "drop_unleased": float(s["drop_unleased"]),
+            "train_pass_rate": sum(g.n for g in batch or []) / gen,
             "groups_received": float(s["groups_received"]),
             # mean N of the groups received (below N with adaptive rollouts), and the samples generated per
             # group kept: what a unit of training signal cost

@@ -18,7 +18,7 @@ def cause(dispatcher, batcher, members, version: int) -> tuple[str, str, str]:
     held = collections.Counter(d.outstanding.values())
     in_play = len(d.pending) - len(d.requeue) - len(b.consumed_ids)
     st = b.stats
-    dropped = st["drop_all_correct"] + st["drop_all_wrong"]
+    dropped = st["drop_all_correct"] + st["drop_all_wrong"] + st["drop_equal_reward"]
     if not b.waiting:
         return "busy", "the learner is not waiting for data: it is in a weight sync, a training step or a checkpoint", ""
     if st["groups_received"] >= b.B and dropped == st["groups_received"] and not b.kept and not b._gathered:

@@ -1,4 +1,5 @@
-"""A step's plan: everything before the model runs. Dynamic sampling, REINFORCE++-baseline advantages, the
+"""A step's plan: everything before the model runs. REINFORCE++-baseline advantages (of the groups the batcher's
+dynamic sampling kept: the one filter, `learner.batching`), the
 shuffle into `num_minibatches` mini-batches, every rank's micro-batches of each (`learner/microbatch.py`) and
 the step's model FLOPs (`learner/flops.py`). Rank 0 plans; each rank runs its `RankShare`
 (`learner/train_step.py`). Tokens stay in arrays from the wire on (`FlatGroup`, `learner.batch.SampleTable`):
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 
 from config.schema import LearnerConfig
-from learner.algorithm import dynamic_sampling_mask, overlong_penalty, pass_rate, reinforce_pp_advantages
+from learner.algorithm import overlong_penalty, reinforce_pp_advantages
 from learner.batch import SampleTable
 from learner.flops import ModelShape, step_flops
 from learner.microbatch import Micro, RankShare, even_out, micro_batches
@@ -152,8 +153,12 @@ def plan_step(groups: list[TrainGroup | FlatGroup], cfg: LearnerConfig, *, world
     prompt_lens = np.array([len(g.prompt_ids) for g in groups], np.int64)
     if cfg.overlong_buffer:  # DAPO's soft overlong punishment, on the reward before the baseline
         rewards = rewards + overlong_penalty(lengths, max_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
-    keep = dynamic_sampling_mask(correct, valid) if cfg.dynamic_sampling else torch.ones(len(groups), dtype=torch.bool)
-    adv = reinforce_pp_advantages(rewards, keep, valid)
+    keep = torch.ones(len(groups), dtype=torch.bool)  # dynamic sampling chose these groups (learner.batching)
+    # Â's statistics over what trains: completions masked by overlong filtering, and empty ones, stay in their
+    # group's baseline but not in the mean and std (`learner.advantage_whitening`: per sample or per token)
+    trained = valid & (lengths > 0) & ~(cut if cfg.overlong_filter else torch.zeros_like(cut))
+    adv = reinforce_pp_advantages(rewards, keep, valid, trained=trained,
+                                  tokens=lengths if cfg.advantage_whitening == "tokens" else None)
     metrics: dict[str, float] = {
         "truncated_frac": cut[valid].float().mean().item(),  # of the batch's completions: cut at actor.max_tokens
         "completion_len_mean": lengths[valid].float().mean().item(), "completion_len_max": float(lengths.max().item()),
@@ -163,7 +168,6 @@ def plan_step(groups: list[TrainGroup | FlatGroup], cfg: LearnerConfig, *, world
         "accuracy": correct[valid].float().mean().item(),
         "groups": float(len(groups)),
         "groups_kept": float(keep.sum().item()),
-        "train_pass_rate": pass_rate(keep, sizes),  # of the groups trained (the batcher's pass_rate: of all)
         "lr": lr,
     }
     if not torch.isfinite(adv[keep]).all():  # e.g. rewards so large that their spread overflows
@@ -174,8 +178,6 @@ def plan_step(groups: list[TrainGroup | FlatGroup], cfg: LearnerConfig, *, world
     masked_cut = valid & keep[:, None] & cut if cfg.overlong_filter else torch.zeros_like(valid)
     chosen = (valid & keep[:, None] & ~masked_cut & (lengths > 0)).numpy()
     metrics["overlong_masked"] = float(masked_cut.sum().item())
-    if not keep.any():
-        raise ValueError("no group survived dynamic sampling: the caller must backfill before a step")
     group_of, member = np.nonzero(chosen)  # row-major: group order, then completion order
     if not len(group_of):  # every completion empty or masked: nothing to train, the step only moves the version
         metrics.update(step_empty=1.0, samples=0.0)

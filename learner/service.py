@@ -30,7 +30,7 @@ from learner.checkpoint import Checkpointer, rng_state, set_rng_state
 from learner.metrics import ACTOR_COUNTERS, MetricsWriter, open_append
 from learner.ranks import Ranks, build_trainer, follow, join_ranks
 from learner.report import StepReport
-from learner.train_step import TrainGroup
+from learner.planning import TrainGroup
 from learner.validation import GroupValidator
 from taskdata import PromptRenderer
 from transport import events, wire
@@ -101,7 +101,8 @@ class LearnerService(Intake):
         self.admission = Admission(cfg.job.max_staleness)
         self.batcher = Batcher(cfg.job.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
                                lambda pids: self.take_back(pids, None, "stale", holder=False),
-                               self.dispatcher.wave_done if cfg.run.reproducible else None, self.source_of)
+                               self.dispatcher.wave_done if cfg.run.reproducible else None, self.source_of,
+                               cfg.learner.dynamic_sampling_metric)
         t = cfg.transport
         self.members = Membership(t.heartbeat_timeout_s, t.max_actors, backoff_s=t.weight_timeout_s)
         self.validator = GroupValidator(cfg, model.get_input_embeddings().num_embeddings)

@@ -184,7 +184,7 @@ class Trainer:
         return metrics
 
     def plan(self, groups: list[TrainGroup | FlatGroup]) -> tuple[dict[str, float], list[RankShare]]:
-        """Dynamic sampling, advantages, the shuffle into `num_minibatches` mini-batches and every rank's
+        """Advantages, the shuffle into `num_minibatches` mini-batches and every rank's
         micro-batches of each (a share per rank); the step's group-level metrics (`learner/planning.py`)."""
         if self._shape is None:
             self._shape = ModelShape.of(self.model)
@@ -228,6 +228,7 @@ class Trainer:
                     logp, logp.detach() if old is None else old, b, a, packed.mask,
                     eps_low=cfg.eps_low, eps_high=cfg.eps_high, tis_cap=cfg.tis_cap,
                     kl_coef=cfg.kl_coef, ref_logp=ref, loss_agg=cfg.loss_agg, entropy=ent,
+                    dual_clip_c=cfg.dual_clip_c,
                 )
                 # every rank agrees on each part (the same number of parts everywhere); after a non-finite
                 # one the mini-batch is skipped: no more backward, no optimizer step

@@ -21,7 +21,7 @@ Protocol:
      wire: the extra memory is two buckets on the learner and at most three on a receiver, whatever the
      model size.
   3. Check: each actor reports (version, checksum) of the bytes it loaded; the learner compares them
-     with its own (`weights_checksum`).
+     with the checksum of the bytes it sent (`WeightBroadcaster`, bucket by bucket as they go).
 A receiver that is missing or dead makes the broadcast fail within `timeout_s` (the gloo group's
 timeout) with `WeightSyncError`, never a hang.
 ipc (`transport/ipc.py`): the rendezvous also hands each worker a handle to the learner's persistent buffer
@@ -42,7 +42,7 @@ import torch
 
 from transport.blocking import in_daemon_thread
 from transport.ipc import SharedBuffer, send_shared
-from transport.checksum import bucket_checksum, bucket_checksum_tensor, checksum_values, combine_checksums
+from transport.checksum import bucket_checksum_tensor, checksum_values, combine_checksums
 from transport.groups import open_group, release_group  # noqa: F401  (where the weight group's users find them)
 
 ALIGN = 16  # every tensor starts at a multiple of 16 bytes in its bucket, so views of any dtype work
@@ -132,10 +132,6 @@ def unpack_bucket(flat: torch.Tensor, plan: WeightPlan, first: int, last: int) -
     return out
 
 
-def weights_checksum(named: Iterable[tuple[str, torch.Tensor]], plan: WeightPlan,
-                     dtype: torch.dtype | None = None) -> str:
-    tensors = [t for _, t in named]
-    return combine_checksums([bucket_checksum(pack_bucket(tensors[a:b], n, "cpu", dtype)) for a, b, n in plan.buckets])
 
 
 def start_bucket(pg, flat: torch.Tensor, skip: set[int] | frozenset = frozenset(),

@@ -6,7 +6,8 @@ import asyncio
 import pytest
 import torch
 
-from transport.weights import WeightBroadcaster, WeightReceiver, weights_checksum
+from tests.support.weights_check import weights_checksum
+from transport.weights import WeightBroadcaster, WeightReceiver
 
 from transport.ports import free_port
 

@@ -100,7 +100,8 @@ async def test_two_learner_ranks_train_checkpoint_and_resume(tiny_model_dir, tmp
     assert all(saved[k].shape == v.shape for k, v in init.items())  # whole tensors, not ZeRO-3 partitions
     assert any(not torch.equal(saved[k], v) for k, v in init.items())  # and trained ones
     # what the actors received last (version 4, bucket by bucket) is what the checkpoint of step 4 holds
-    from transport.weights import make_plan, weights_checksum
+    from tests.support.weights_check import weights_checksum
+    from transport.weights import make_plan
 
     dtype = getattr(torch, cfg.model.dtype)
     plan = make_plan(saved.items(), cfg.transport.weight_bucket_mb, dtype)

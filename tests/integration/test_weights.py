@@ -21,8 +21,8 @@ from transport.weights import (
     receive_buckets,
     release_group,
     unpack_bucket,
-    weights_checksum,
 )
+from tests.support.weights_check import weights_checksum
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ def fixed_groups(model_dir: str, n: int = 8, groups: int = 4, seed: int = 0, mod
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from learner.logprobs import pack, token_logprobs
-    from learner.train_step import TrainGroup
+    from learner.planning import TrainGroup
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = model or AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

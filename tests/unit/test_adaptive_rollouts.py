@@ -130,11 +130,13 @@ def test_the_learner_takes_the_sizes_the_rule_makes_and_refuses_others_by_name(r
 
 def test_a_step_trains_groups_of_different_sizes(tiny_model_dir):
     """A full group of 8, a mixed first wave of 2 and a settled one of 2 (as `dynamic_sampling = false`
-    or a later rule could send): each is its own baseline's, the settled one dropped, samples counted."""
+    or a later rule could send): each is its own baseline's, samples counted (with or without the settled
+    one: which groups train is the batcher's dynamic sampling's choice)."""
     from transformers import AutoModelForCausalLM
 
     from config.schema import JobConfig as Job, LearnerConfig
-    from learner.train_step import TrainGroup, Trainer
+    from learner.planning import TrainGroup
+    from learner.train_step import Trainer
     from tests.support.train_fixtures import fixed_groups
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -143,9 +145,8 @@ def test_a_step_trains_groups_of_different_sizes(tiny_model_dir):
     wave = TrainGroup(g.prompt_ids, g.completion_ids[:2], g.behav_logp[:2], g.rewards[:2], g.correct[:2])
     settled = TrainGroup(g.prompt_ids, g.completion_ids[:1] * 2, g.behav_logp[:1] * 2, [1.0] * 2, [True] * 2)
     job = Job(n_samples=8, prompts_per_step=3, rollouts="adaptive", first_wave=2)
-    for dynamic, kept, samples in ((True, 2, 10), (False, 3, 12)):
-        tr = Trainer(model, LearnerConfig(num_minibatches=2, dynamic_sampling=dynamic), job, pad_id=eos)
-        m = tr.step([groups[0], wave, settled])
-        assert m["groups_kept"] == kept and m["samples"] == samples, m
-        assert m["train_pass_rate"] == pytest.approx(samples / 12)
+    for keep, samples in (([groups[0], wave], 10), ([groups[0], wave, settled], 12)):  # the batcher's choice
+        tr = Trainer(model, LearnerConfig(num_minibatches=2), job, pad_id=eos)
+        m = tr.step(keep)
+        assert m["groups_kept"] == len(keep) and m["samples"] == samples, m
         assert all(torch.isfinite(torch.tensor(v)) for v in m.values() if isinstance(v, float)), m

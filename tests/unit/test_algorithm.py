@@ -91,7 +91,7 @@ def test_dynamic_sampling_matches_formula():
     assert pass_rate(keep, 8) == pytest.approx(keep.float().mean().item())
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(3, 4), torch.zeros(3, dtype=torch.bool)])
+@pytest.mark.parametrize("bad", [torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, dtype=torch.bool)])
 def test_dynamic_sampling_rejects_bad_input(bad):
     with pytest.raises(ValueError, match="correct"):
         dynamic_sampling_mask(bad)

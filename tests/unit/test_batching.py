@@ -101,7 +101,7 @@ async def test_batcher_looks_past_stale_groups_without_waiting_for_new_ones():
     b = Batcher(2, admission=Admission(max_staleness=1), give_back=back.extend)
     groups = [make_group(f"a:{i}", n=4, version=0 if i < 2 else 5, seed=i) for i in range(4)]
     for g in groups:
-        g.correct[:] = [1, 0, 1, 0]
+        g.correct[:] = g.rewards[:] = [1, 0, 1, 0]
         b.add(g)
     batch = await asyncio.wait_for(b.next_batch(step=5, interrupted=lambda: False), 1.0)
     assert [g.group_id for g in batch.groups] == ["a:2", "a:3"] and sorted(back) == [0, 1]

@@ -14,7 +14,7 @@ def _state(correct: list[int], groups: int):
     b = Batcher(2)
     for i in range(groups):
         g = make_group(f"a:{i}", n=len(correct), seed=i)
-        g.correct = np.array(correct, np.uint8)
+        g.correct, g.rewards = np.array(correct, np.uint8), np.array(correct, np.float32)
         b.add(g)
     b.waiting = True
     return d, b, Membership(timeout_s=5)

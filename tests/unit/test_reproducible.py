@@ -27,7 +27,7 @@ def _answer(d: Dispatcher, b: Batcher, pids: list[int], mixed: set[int]) -> None
     """The actor's groups for `pids`: mixed (kept) for those in `mixed`, all-wrong (dropped) otherwise."""
     for pid in pids:
         g = make_group(f"a:{pid}", n=4, seed=pid)
-        g.correct[:] = [1, 0, 1, 0] if pid in mixed else [0, 0, 0, 0]
+        g.correct[:] = g.rewards[:] = [1, 0, 1, 0] if pid in mixed else [0, 0, 0, 0]
         assert d.claim(pid, "a")
         b.add(g)
 

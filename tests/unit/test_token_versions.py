@@ -4,10 +4,14 @@ per-request token counts, on the wire (validated) and in the learner's admission
 import numpy as np
 import pytest
 
-from actors.in_flight import TokenVersions, counts_of
+from actors.in_flight import TokenVersions, by_request
 from learner.batching import Admission
 from tests.support.transport_helpers import make_group
 from transport import wire
+
+
+def counts_of(rid: str, counts: dict[str, int]) -> dict[int, int]:
+    return by_request(counts, {rid}).get(rid, {})
 
 
 def test_engine_request_ids_map_to_our_request_and_completion_index():
@@ -24,10 +28,17 @@ def test_each_token_gets_the_version_that_sampled_it():
     tv.begin("other", 2)
     # v3 arrives: completion 0 had 4 tokens, completion 1 was scheduled with none, completion 2 not yet
     tv.mark(3, {"0_r-x": 4, "1_r-x": 0})
-    # v4 arrives: completion 0 at 6 tokens; 1 is gone from the engine (no new count: it keeps its mark)
+    # v4 arrives: completion 0 at 6 tokens; 1 is gone from the engine (reported before, no count now: no
+    # boundary known, its tokens stay with the last report's v3, the oldest they can be, never v4)
     tv.mark(4, {"0_r-x": 6, "2_r-x": 1})
     out = tv.end("r", np.array([8, 3, 2]), [0, 1, 2])
-    assert out.tolist() == [0, 0, 0, 0, 1, 1, 2, 2] + [2, 2, 2] + [1, 2]
+    assert out.tolist() == [0, 0, 0, 0, 1, 1, 2, 2] + [1, 1, 1] + [1, 2]
+    # one reported finished (its final count) keeps all its tokens before that mark, whatever comes later
+    tv.begin("f", 2)
+    tv.mark(3, {"0_f": 2, "1_f": 1})
+    tv.mark(4, {"1_f": 3})
+    tv.mark(5, {})
+    assert tv.end("f", np.array([2, 4]), [0, 1]).tolist() == [0, 0] + [0, 1, 1, 2]
     # completions listed in another order than the engine's indices
     tv.begin("s", 5)
     tv.mark(6, {"0_s": 1, "1_s": 2})
@@ -74,3 +85,19 @@ def test_admission_judges_the_oldest_token_and_counts_staleness_per_token():
     st = a.take_stats()
     assert (st["staleness_0"], st["staleness_1"]) == (1 + 3, 3)  # tokens, not samples
     assert st["staleness_mean"] == pytest.approx(3 / 7)
+
+
+def test_prompt_kv_is_salted_with_the_version_its_request_starts_under():
+    from actors.engine import request_prompt
+    from config.schema import ActorConfig
+
+    a = ActorConfig()
+    ids = wire.PromptItem(7, "", "4", "synthetic", prompt_token_ids=[5, 6, 7])
+    text = wire.PromptItem(8, "2+2=", "4", "synthetic")
+    assert request_prompt(a, ids, 3) == {"prompt_token_ids": [5, 6, 7], "cache_salt": "brorl-v3"}
+    assert request_prompt(a, text, 3) == {"prompt": "2+2=", "cache_salt": "brorl-v3"}
+    # a new version's requests key their prompt blocks apart from the older version's; one version's share
+    assert request_prompt(a, ids, 4)["cache_salt"] != request_prompt(a, ids, 3)["cache_salt"]
+    assert request_prompt(a, text, 4) == request_prompt(a, text, 4)
+    off = ActorConfig(prefix_cache_per_version=False)
+    assert request_prompt(off, ids, 3) == {"prompt_token_ids": [5, 6, 7]}
