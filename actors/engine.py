@@ -159,7 +159,7 @@ class CompletionTexts:
     once, at its end: special tokens skipped, no clean-up of spaces, and the stop token that ended it left
     out (vLLM leaves it out too). vLLM's front end otherwise turns every new token of every running request
     into text at every step, and once more into a string for its log-prob entry, in the actor's own
-    process: most of that process's time in a profile of `brorl run` on an H200 (docs/benchmarks/e2e.md). Stop
+    process: most of that process's time (docs/benchmarks/e2e.md). Stop
     strings need vLLM's detokenizer, so with them its text is used. The tokenizer is the model folder's
     own, as the engine's is."""
 

@@ -1,10 +1,9 @@
 """A vLLM engine brorl builds ends when the process that built it does, however that process died.
 
 vLLM runs an engine's core in a process of its own (its workers watch the core through a pipe, but the core does
-not watch its parent): an actor killed with SIGKILL left its engine core and worker running, holding their memory
-(2.5 GiB of RSS with the tiny CPU model; on a GPU host, the GPU memory the actor's replacement needs). `brorl run`
-and the Ray launcher kill a dead role's process group, but a process killed by pid under another supervisor, or by
-hand, was not covered.
+not watch its parent): an actor killed with SIGKILL would leave its engine core and worker running, holding their
+memory (on a GPU host, the GPU memory the actor's replacement needs). `brorl run` and the Ray launcher kill a dead
+role's process group, but that does not cover a process killed by pid under another supervisor, or by hand.
 
 The owner marks its environment (`mark_owner`, from `actors.engine.offline_env`, before any engine is built);
 vLLM loads `register` in every process it starts as a general plugin (the `vllm.general_plugins` entry point in

@@ -2,8 +2,8 @@
 
 vLLM sends every running request's new log-probs from the engine core to the front end at every step,
 as three small NumPy arrays per request (`LogprobsLists.slice_request`). At N = 512 that is ~1,500 arrays
-a step to slice, serialize and decode one by one; on an H100 it cost ~40 % of a 1.5B model's generation
-throughput (docs/benchmarks/actor.md), most of it in the front end — the actor's own process.
+a step to slice, serialize and decode one by one, a large share of generation throughput
+(docs/benchmarks/actor.md), most of it in the front end — the actor's own process.
 
 The actor asks for `output_kind = FINAL_ONLY`: it reads nothing before a request ends. So for such a
 request this scheduler keeps each step's log-probs in the engine core and sends them all with the
@@ -13,9 +13,8 @@ request's final output, as one array per field. Everything else is vLLM's own sc
 Held values are not slices: vLLM's slicing is taken out of the step altogether (the step's batch arrays are
 hidden from vLLM's `update_from_output`), and a held request's sampled token, log-prob and rank are
 appended to three flat `array.array`s of its own (4–8 bytes a value, no Python object per token, nothing
-for the garbage collector to walk). Holding per-step slices instead (an earlier version) kept ~4 Python
-objects per request and step alive; on an H100 at 512 running requests the engine core's step loop then
-spent more time in slicing and garbage collection than the log-probs were worth (`py-spy`, docs/benchmarks/actor.md).
+for the garbage collector to walk): holding per-step slices would keep Python objects per request and step
+alive, and the engine core's step loop would spend its time slicing and collecting garbage.
 Requests that still get vLLM's per-step delivery are sliced here exactly as vLLM slices them.
 
 A request with stop *strings* is never held: the front end detects those while detokenizing and ends the

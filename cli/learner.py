@@ -29,8 +29,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 ALLOCATOR = "expandable_segments:True"
 """The learner's CUDA allocator setting unless the user set `PYTORCH_CUDA_ALLOC_CONF`: a step's micro-batches
-differ in shape from step to step, and with fixed-size segments the cache fragments (an H200 learner at 112 GiB
-allocated ran out of memory at step 2 with 17.8 GiB reserved but unusable, bench.e2e, 2026-11-29)."""
+differ in shape from step to step, and with fixed-size segments the cache fragments until a large learner
+runs out of memory with much of it reserved but unusable."""
 
 
 def allocator_default(env: dict) -> None:

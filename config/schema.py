@@ -21,7 +21,7 @@ from config.run import RunConfig
 from config.transport import TransportConfig
 
 #: vLLM captures CUDA graphs for decode batches up to this many sequences by default; above it the
-#: engine falls back to eager kernels (measured on an H200: 110 against 71 samples/s).
+#: engine falls back to eager kernels, which generate more slowly.
 VLLM_DEFAULT_MAX_CAPTURE_SIZE = 512
 
 
@@ -89,8 +89,8 @@ class ActorConfig(Section):
 
     kv_cache_gib: float = Field(0.0, ge=0.0)
     """The KV cache's size in GiB (vLLM `kv_cache_memory_bytes`) instead of what `gpu_memory_utilization`
-    leaves for it (0: that share). The CPU preset sets 1: the default share of 24 GiB of RAM gave a 3.7 GiB cache, whose
-    allocation took ~8 s of every engine start on 2 cores, for a job that fills a small part of it."""
+    leaves for it (0: that share). The CPU preset sets 1: the default share of host RAM gives a cache far larger
+    than a small job fills, and allocating it slows every engine start."""
 
     enable_prefix_caching: bool = True
     """Reuse the prompt's KV cache across the N completions of a group."""
@@ -119,8 +119,8 @@ class ActorConfig(Section):
     quantization: Literal["none", "fp8"] = "none"
     """The engine's weights: "fp8" has vLLM quantize the bf16 weights to FP8 (per tensor) as it loads them, and
     again at every update (vLLM's layerwise reload re-runs the quantization after the update's bf16 tensors
-    land; the checksum is of the bytes received). Faster generation on GPUs with FP8 units (an H200, 1.5B
-    shape: 1.49 × at N = 16, 1.24 × at N = 512, docs/benchmarks/actor.md); the learner trains in full precision
+    land; the checksum is of the bytes received). Faster generation on GPUs with FP8 units
+    (docs/benchmarks/actor.md); the learner trains in full precision
     and truncated IS weighs the difference (`mismatch_kl` in the metrics). GPU actors only."""
 
     enforce_eager: bool = False
@@ -130,7 +130,7 @@ class ActorConfig(Section):
     logprobs_at_end: bool = True
     """Have the engine send each completion's behaviour log-probs once, with its final output
     (`actors/vllm_scheduler.py`), instead of vLLM's per-request arrays at every decoding step (which cost
-    ~40 % of an H100's generation throughput at 512 running sequences). The values are the same."""
+    much of the generation throughput at many running sequences). The values are the same."""
 
     tensor_parallel_size: int = Field(1, ge=1, le=16)
     """GPUs per actor engine (vLLM tensor parallelism); `brorl run` gives each actor this many GPUs."""
@@ -197,7 +197,7 @@ class LearnerConfig(Section):
     """Packed sequences: a micro-batch's samples concatenated into one row without any padding, position ids
     restarting at each sample and attention kept within each (on CUDA torch's variable-length flash attention,
     elsewhere an exact block-diagonal mask); micro-batches filled up to `micro_batch_tokens` tokens. The same
-    loss and gradients as padded rows (tested). Off by default until measured on the GPU; not with
+    loss and gradients as padded rows (tested). Off by default; not with
     `share_prompt` or `compile`."""
 
     share_prompt: bool = False
@@ -229,8 +229,8 @@ class LearnerConfig(Section):
     """Recompute each chunk's LM-head logits in backward (only one chunk of logits is ever held). False: keep
     what backward needs of every chunk of a micro-batch instead — 2 to 4 bytes × vocabulary per response token
     (bf16 to float32: 9 to 18 GB for 30k response tokens at Qwen2's 151,936) — and skip the LM head's second
-    forward and its log-softmax over the vocabulary: about 4 % of a 1.5B step's GPU time (the H200 profile,
-    docs/benchmarks/learner.md). The same numbers either way."""
+    forward and its log-softmax over the vocabulary (docs/benchmarks/learner.md). The same numbers either
+    way."""
 
     logprob_kernel: Literal["chunked", "liger", "off"] = "chunked"
     """How the LM head and the log-softmax run (`learner/kernels.py`). "chunked": our fused head + log-prob in

@@ -77,8 +77,7 @@ class TorchBackend:
         return t.shape
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        # on a GPU, one fused kernel for the whole update (the H200 profile: the multi-tensor AdamW took 1.6 %
-        # of a 1.5B step, several passes over weights and moments where one does)
+        # on a GPU, one fused kernel for the whole update: one pass over weights and moments, not several
         fused = torch.device(self.cfg.device).type == "cuda"
         return torch.optim.AdamW(
             self.module.parameters(), lr=self.cfg.lr, betas=BETAS, eps=ADAM_EPS,
@@ -127,9 +126,9 @@ def deepspeed_config(cfg: LearnerConfig) -> dict:
 
 def _no_shm_comm_op() -> None:
     """DeepSpeed's CPU communication backend JIT-compiles a C++ shared-memory op at every start, which only
-    its inference all-reduce uses (ZeRO trains through torch.distributed, gloo here). The compile takes
-    ~1 minute on a fresh 2-core machine, and torch's build lock file outlives a rank killed while holding
-    it: every later start on that machine then waited on the lock forever. We never build it."""
+    its inference all-reduce uses (ZeRO trains through torch.distributed, gloo here). The compile is slow,
+    and torch's build lock file outlives a rank killed while holding it: every later start on that machine
+    would wait on the lock forever. We never build it."""
     import importlib
 
     # (not `import deepspeed.comm.torch as m`: that finds the `torch` module `deepspeed.comm` re-exports)

@@ -2,7 +2,7 @@
 
 A compiled layer meets several variants in ordinary training (grad mode, a mask or none, one row or
 more), each compiled the first time it comes. Left to chance, a new variant arrives mid-run (a step with
-a long completion alone in its micro-batch, or without padding) and that step stalls 10–30 s on a GPU
+a long completion alone in its micro-batch, or without padding) and that step stalls on a GPU
 while the actors wait for the next weights. `warm_up` compiles them all at the start on tiny synthetic
 micro-batches; `WarmUp` runs it on every rank at the start of the first step.
 """
@@ -56,8 +56,8 @@ def compiled_frames() -> int:
 
 PAD_MULTIPLE = 8
 """The compiled learner pads every micro-batch to a length that is a multiple of this (`logprobs.pack`):
-inductor specialises kernels on a length's alignment, and on an H200 a batch whose length happened to be a
-multiple of 8 after a warm-up of other lengths recompiled every layer mid-run (a 15 s stall at step 2)."""
+inductor specialises kernels on a length's alignment, so a batch whose length happened to be a multiple of 8
+after a warm-up of other lengths would recompile every layer mid-run."""
 
 WARM_UP_LENGTHS = ([29, 17, 23], [35, 35, 35], [29], [35])
 """Completion lengths of the warm-up's micro-batches (a 5-token prompt each, padded to 40): padded rows, rows
@@ -72,9 +72,9 @@ def min_tokens(model: torch.nn.Module, device: str | torch.device) -> int:
     Inductor's Triton backend fuses a layer's row and column reductions (the backward of a norm's weight)
     only for a large enough micro-batch, and decides it with guards on its size: rows × hidden ≥ 5 · 2^20,
     rows ≥ 2 × hidden and rows ≥ 4096 (`torch/_inductor/scheduler.py`, mix-order reductions). Each side of
-    each threshold is a variant of every compiled layer, so a small last micro-batch of a step recompiled
-    them mid-run (on an H200, 1.5B: a step of 12 rows × 320 tokens, a 15 s stall at step 4). Padding every
-    micro-batch up to the largest threshold leaves one regime, which the warm-up compiles."""
+    each threshold is a variant of every compiled layer, so a small last micro-batch of a step would
+    recompile them mid-run. Padding every micro-batch up to the largest threshold leaves one regime, which
+    the warm-up compiles."""
     import torch._inductor.config as inductor_config
 
     if torch.device(device).type != "cuda" or not getattr(inductor_config.triton, "mix_order_reduction", True):

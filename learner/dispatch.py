@@ -122,8 +122,8 @@ class Dispatcher:
         n = min(credits, room)
         if step is not None and actor_version is not None:
             # prompts waiting in the requeue are pending but in nobody's hands: they take a place again
-            # when re-granted, so they must not block their own re-grant (a deadlock once every pending
-            # prompt had come back, e.g. from groups dropped as stale)
+            # when re-granted, so they must not block their own re-grant (else a deadlock once every pending
+            # prompt has come back, e.g. from groups dropped as stale)
             in_play = len(self.pending) - len(self.requeue) - settled
             bound = self.allowed_pending(step, actor_version)
             share = 1 if actor_id in self.lapsed else math.ceil(bound / max(1, actors))

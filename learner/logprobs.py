@@ -194,8 +194,8 @@ def completion_hidden(model: torch.nn.Module, batch: PackedCompletions) -> torch
         return hidden[0, batch.target_pos[batch.mask]]
     # no KV cache: a scoring pass never reads one back. Left to its default, transformers builds one whenever
     # activation checkpointing is off, and each compiled layer then guards on its own cache slot: a 28-layer
-    # model recompiled its layer per depth and hit the recompile limit (an H200, `learner.compile` without
-    # checkpointing); it also kept every layer's keys and values for nothing
+    # model would recompile its layer per depth and hit the recompile limit (`learner.compile` without
+    # checkpointing); it would also keep every layer's keys and values for nothing
     hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
     rows = torch.gather(hidden, 1, batch.target_pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
     return rows[batch.mask]

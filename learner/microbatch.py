@@ -40,8 +40,7 @@ class RankShare:
 
 PASS_TOKENS = 2048
 """What one more pass costs beyond its positions, in positions' worth of compute (`micro_batches`): every layer's
-kernels launched for the forward, π_old's forward and the backward, and the LM head's chunks. On an H200 a 1.5B
-learner computes ~36k positions a second, so this is ~60 ms a pass."""
+kernels launched for the forward, π_old's forward and the backward, and the LM head's chunks."""
 
 
 def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[int] | None = None,
@@ -51,12 +50,12 @@ def micro_batches(idx: list[int], seq_len: list[int], budget: int, group: list[i
     (rows × the run's longest; a sample longer than the budget goes alone; 0: one run), the cuts that compute
     the fewest positions: each run padded to its longest (rounded up to a `multiple`, and to at least `floor`
     tokens: the compiled learner's `PAD_MULTIPLE` and `min_tokens`), plus `pass_tokens` for each run (a dynamic
-    programme over the sorted lengths; filling each pass to the budget padded a 512-sample step of N = 16 by 29 %
-    where these cuts pad it by 11 %, `python -m bench.padding`). With `group` (shared prompts): a run holds
-    samples of one group only, cut greedily, and costs its prompt once plus rows × its longest completion (0:
-    one run per group). `packed` (`learner.packing`: a run costs the sum of its lengths, no padding): runs
-    filled up to `budget` tokens, each sample (longest first) into the fullest run it fits (best fit
-    decreasing: the fewest passes, each as full as it gets)."""
+    programme over the sorted lengths: it pads less than filling each pass to the budget,
+    `python -m bench.padding`). With `group` (shared prompts): a run holds samples of one group only, cut
+    greedily, and costs its prompt once plus rows × its longest completion (0: one run per group). `packed`
+    (`learner.packing`: a run costs the sum of its lengths, no padding): runs filled up to `budget` tokens,
+    each sample (longest first) into the fullest run it fits (best fit decreasing: the fewest passes, each as
+    full as it gets)."""
     if not idx:
         return []
     if packed and group is None:

@@ -30,8 +30,8 @@ class SftResult:
 
 def warm_start(cfg: BrorlConfig, model_dir: str | Path, out_dir: str | Path | None = None, **kw) -> SftResult:
     """`_warm_start` on at most 8 CPU threads: the tiny model's matrices are too small to gain from more,
-    only to pay their synchronisation (on a 64-core GPU host, with torch's default of a thread per core,
-    a warm start took about 4 minutes)."""
+    only to pay their synchronisation (torch's default of a thread per core makes it slow on a many-core
+    host)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(min(threads, 8))
     try:

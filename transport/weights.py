@@ -99,9 +99,8 @@ def pack_bucket(tensors: list[torch.Tensor], nbytes: int, device: torch.device |
                 dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The tensors' bytes, each 16-byte aligned, floating-point ones cast to `dtype` (if given) as they are
     copied (no full-size cast copy). One multi-tensor copy into typed views of the bucket (a Python loop of
-    a cast, a copy and a padding fill per tensor cost the learner about 1 ms of host time per 32-tensor
-    bucket on an H100, more than NCCL took to send it). `out`: a uint8 buffer of at least `nbytes` to pack
-    into (its first `nbytes` are returned), else a new one."""
+    a cast, a copy and a padding fill per tensor costs more host time than sending the bucket). `out`: a
+    uint8 buffer of at least `nbytes` to pack into (its first `nbytes` are returned), else a new one."""
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device) if out is None else out[:nbytes]
     views, pads, off = [], [], 0
     for t in tensors:

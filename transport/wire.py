@@ -30,11 +30,8 @@ import orjson
 from transport.messages import (PromptItem, WorkRequest, Hello, Heartbeat, Admin, AdminReply, WorkAssignment,
                                  GroupAck, Snapshot, Control, RolloutGroup)
 
-SCHEMA_VERSION = 9  # 2: Heartbeat.stats; 3: Hello.incarnation, learner epoch; 4: GroupAck.rejected,
-# Snapshot.hello_needed; 5: RolloutGroup.versions (per token); 6: PromptItem.prompt_token_ids, source;
-# 7: Heartbeat.group; 8: the control channel over ROUTER/DEALER (an actor subscribes by message); 9: control kind
-# "compute", Snapshot.computing (`actor.share_gpu`). A message of
-# another version is rejected, both versions named.
+SCHEMA_VERSION = 9  # raised whenever a message's fields change; a message of another version is rejected,
+# both versions named
 MAX_HEADER_BYTES = 1 << 20
 MAX_REASON_CHARS = 200  # a verifier's reason per completion, as sent (the header of N = 2048 stays < 1 MiB)
 ALLOWED_DTYPES = {"int32", "float32", "uint8"}
