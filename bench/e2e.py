@@ -44,16 +44,15 @@ import sys
 import time
 from pathlib import Path
 
-from config.placement import visible_env
+from config.placement import ONE_GPU, visible_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_STEP = 512  # on GPUs: N = 16 × 32 prompts, N = 512 × 1
 PER_CASE = ("job.n_samples", "job.prompts_per_step", "actor.prompts_per_request", "actor.num_actors", "actor.gpus")
 """Settings that differ by case, left out of the results' shared `job` record (results before 2026-11-30 hold
 N = 16's there)."""
-SHARE_GPU = {"actor.gpus": [0], "transport.weight_backend": "ipc", "actor.kv_cache_gib": 24,
-             "actor.gpu_memory_utilization": 0.45}
-"""`--share-gpu`: the learner and the actor on GPU 0 (config/placement.py)."""
+SHARE_GPU = {k: v for k, v in ONE_GPU.items() if k != "actor.num_actors"}
+"""`--share-gpu`: `brorl run --one-gpu`'s settings (config/placement.py): learner and actor on GPU 0."""
 WARM = 2  # steps left out of the steady state (the first wait for the engines' first groups)
 
 

@@ -262,6 +262,10 @@ KERNEL_SETS = {
                      {"logprob_kernel": "chunked", "logprob_chunk_mb": 2048}],
     "realistic": [{**REAL, **KEPT}, {**REAL, "logprob_kernel": "chunked"}],
     "realistic-liger": [{**REAL, "logprob_kernel": "liger"}, {**REAL, "logprob_kernel": "chunked", "liger_kernels": True}],
+    # uncompiled both (packing runs uncompiled, and keeps more activations: 32k-token passes run out of memory):
+    # what padding's masked attention costs against varlen attention
+    "packed": [{**REAL, "logprob_kernel": "chunked", "compile": False, "micro_batch_tokens": 16384},
+               {**REAL, "logprob_kernel": "chunked", "compile": False, "micro_batch_tokens": 16384, "packing": True}],
 }
 """`--kernels SET`: the rows each set adds over `BEST_ONE_GPU` (two cases a set: one lease command each, under 4 minutes)."""
 

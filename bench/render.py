@@ -389,6 +389,22 @@ def _peers(d: dict) -> Table:
              "peak GPU GiB", "status"], "llrrrrrl", rows)
 
 
+def _one_gpu(runs: list[dict]) -> Table:
+    """bench.e2e --share-gpu: per N, the raw engine, then the loop time-sharing and co-running the one GPU."""
+    rows = []
+    for d in runs:
+        raw = {int(r["n"]): r["samples_per_s"] for r in d["raw"]}
+        for r in sorted(d["runs"], key=lambda r: r.get("share_gpu", "") != "corun"):
+            bound = r.get("timeshare_bound_samples_per_s")
+            rows.append([str(r["n"]), r.get("share_gpu", "corun"), n(raw[int(r["n"])], 1), n(r["samples_per_s"], 1),
+                         pct(r["of_raw"]), f"{r['samples_per_s'] / bound:.2f} ×" if bound else "–",
+                         f"{r['train_s_per_step']:.1f}", pct(r["learner_mfu"]), f"{r['broadcast_s_per_step']:.2f}",
+                         pct(r["actor_idle_share"]), pct(r["learner_wait_share"]), f"{r['mismatch_kl']:.1e}"])
+    return (["N", "sharing", "raw engine samples/s", "loop samples/s", "of raw", "of time-share bound",
+             "train s a step", "learner MFU", "weight update s", "engine idle", "learner waiting", "mismatch KL"],
+            "llrrrrrrrrrr", rows)
+
+
 TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "agreement": ("agreement.json", _agreement),
     "transport": ("transport.json", _transport),
@@ -415,6 +431,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "learner-gpu-shared": ("learner_gpu.json", _learner_shared),
     "fleet-gpu": ("fleet.json", _fleet_gpu),
     "peers-h200": ("peers_h200.json", _peers),
+    "one-gpu-h200": (("e2e_h200share_16.json", "e2e_h200share_512.json"), _one_gpu),
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""
 

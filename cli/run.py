@@ -4,6 +4,7 @@ placed by Ray with `--cluster` (`cli/cluster.py`)."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from cli.common import add_config_arg, load
 
@@ -20,7 +21,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation before and after")
     p.add_argument("--cluster", metavar="ADDRESS", help="place the roles with Ray: an existing cluster's address "
                    "(host:port, or auto), or local (a Ray instance of this process's own)")
+    p.add_argument("--one-gpu", action="store_true", help="the learner and one actor share GPU 0 with the settings "
+                   "measured fastest on one card (weights over CUDA IPC, generation beside training, a plain-torch "
+                   "learner); each is printed, and any given on the command line wins")
     return p
+
+
+def one_gpu(overrides: list[str]) -> dict:
+    """`--one-gpu`: config/placement.py's ONE_GPU under the command line's own overrides (printed)."""
+    from config.loader import parse_overrides
+    from config.placement import ONE_GPU
+
+    given = parse_overrides(overrides)
+    kept = {k: v for k, v in ONE_GPU.items() if k not in given}
+    print("[brorl run] --one-gpu: " + " ".join(f"{k}={json.dumps(v)}" for k, v in kept.items()), flush=True)
+    return {**kept, **given}
 
 
 def main(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -28,6 +43,8 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     from cli.preflight import preflight
     from tinymodel import ensure_model
 
+    if args.one_gpu:
+        overrides = one_gpu(overrides)
     cfg = preflight(load(args, overrides), cluster=args.cluster)  # before any role starts
     ensure_model(cfg, log=lambda m: print(m, flush=True))
     return run(cfg, resume=args.resume, evaluate=not args.no_eval, cluster=args.cluster)

@@ -27,7 +27,7 @@ and a CPU learner run as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from config.schema import BrorlConfig
@@ -85,6 +85,17 @@ def check_fields(cfg: BrorlConfig) -> None:
 
 SHARE_UTILIZATION = 0.5
 """The most of a shared GPU's memory an actor's engine may reserve (`actor.gpu_memory_utilization`)."""
+
+ONE_GPU: dict[str, Any] = {
+    "learner.gpus": [0], "actor.gpus": [0], "actor.num_actors": 1, "learner.devices": 1, "learner.device": "cuda",
+    "transport.weight_backend": "ipc", "actor.kv_cache_gib": 24, "actor.gpu_memory_utilization": 0.45,
+    "actor.share_gpu": "corun", "learner.backend": "torch", "learner.activation_checkpointing": False,
+    "learner.micro_batch_tokens": 16384,
+}
+"""`brorl run --one-gpu` (and `bench.e2e --share-gpu`): the learner and one actor on GPU 0, as measured fastest
+on one card for a 1.5B model — weights over CUDA IPC, generation beside training (`corun`), and a plain-torch
+learner without recomputation (ZeRO shards nothing on one rank; the card has the memory recomputation saves).
+Sized for a 141 GB card: on a smaller one lower `actor.kv_cache_gib` and `learner.micro_batch_tokens`."""
 
 
 def _unshareable(cfg: BrorlConfig) -> str:

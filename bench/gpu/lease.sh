@@ -40,57 +40,48 @@ TAG=${TAG:-h200}
 GPUS=$(nvidia-smi -L | wc -l)
 PT="python3 -m pytest -q -s -p no:cacheprovider"
 ACT="python3 -m bench.actor --preset brorl-1.5b --dummy-1p5b --total 4096 --prompt-len 512 --max-tokens 256 --repeats 1 --cases 512:on,16:on"
+share_pair() {  # share_pair N [--set K=V ...]: on the one GPU, the raw engine and the time-shared loop at N (its
+  # learner trains with the engine paused: the standalone figure of the bound), then the co-run loop against the
+  # same raw rows; the second results file holds both runs. The first run compiles: it gets the longer limit
+  local N=$1; shift
+  (while sleep 30; do runs "share$N"; done) &
+  local snap=$!
+  LIMIT=540 step "ts_$N" python3 -m bench.e2e --shape qwen2-1.5b --cases "1:$N:keep:timeshare" --steps 5 \
+       --raw-steps 2 --share-gpu "$@" --tag "${TAG}ts_$N"
+  LIMIT=420 step "co_$N" python3 -m bench.e2e --shape qwen2-1.5b --cases "1:$N:keep:corun" --steps 5 --share-gpu \
+       "$@" --raw-from "bench/results/e2e_${TAG}ts_$N.json" --tag "${TAG}share_$N"
+  kill $snap; runs "share$N"; keep_bench "e2e_${TAG}ts_$N*" "e2e_${TAG}share_$N*"; rm -rf runs/bench/e2e/run-*
+}
 if [ "$GPUS" = 1 ] && [ "${ONE:-}" = share ]; then
   # one GPU, everything a one-GPU user meets, most wanted first (a lease may end before the last step): the gpu
-  # tests of the weights over CUDA IPC, the fused log-prob kernels and packed attention; the loop at N = 16
-  # time-sharing then co-running (one raw engine row for both); the learner's kernels on the fixed and realistic
-  # cases; TRL's GRPO beside brorl at N = 16; then N = 512; then the older gpu tests
+  # tests of the weights over CUDA IPC, the fused log-prob kernels and packed attention; the learner on
+  # realistic lengths padded and packed; the loop at N = 16 time-sharing then co-running (`--share-gpu`: `brorl
+  # run --one-gpu`'s settings); brorl beside TRL's GRPO at N = 16 in the sharing mode that was faster; then
+  # N = 512; then the older gpu tests
   PEER=(--shape qwen2-1.5b --prompt-len 512 --completion-len 256 --micro-batch 16 --tag "$TAG")
   LIMIT=360 step gpunew $PT tests/gpu/test_ipc_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_packing_gpu.py
-  (while sleep 30; do runs share; done) &
-  snap=$!
-  LIMIT=420 step ts_16 python3 -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep:timeshare --steps 5 --raw-steps 2 \
-       --share-gpu --tag "${TAG}ts_16"
-  LIMIT=360 step co_16 python3 -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep:corun --steps 5 --share-gpu \
-       --raw-from "bench/results/e2e_${TAG}ts_16.json" --tag "${TAG}share_16"
-  kill $snap; runs share; keep_bench "e2e_${TAG}ts_16*" "e2e_${TAG}share_16*"; rm -rf runs/bench/e2e/run-*
-  LIMIT=300 step k_fixed python3 -m bench.learner --gpu --kernels fixed --tag "$TAG"
-  LIMIT=300 step k_real python3 -m bench.learner --gpu --kernels realistic --tag "$TAG"
-  LIMIT=300 step k_pack python3 -m bench.learner --gpu --tag "$TAG" --mfu-add '[
-    {"groups": 8, "n": 8, "lengths": "realistic", "prompt": 256, "completion": 4096, "steps": 2, "backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768, "logprob_kernel": "chunked", "packing": true},
-    {"groups": 8, "n": 8, "lengths": "realistic", "prompt": 256, "completion": 4096, "steps": 2, "backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768, "logprob_kernel": "chunked"}]'
+  LIMIT=360 step k_pack python3 -m bench.learner --gpu --kernels packed --tag "$TAG"
   keep_bench "learner_gpu_${TAG}*"
-  LIMIT=270 step peers_trl16 python3 -m bench.peers --peer trl --n 16 --prompts-per-step 32 --steps 4 "${PEER[@]}"
-  LIMIT=300 step peers_brorl16 python3 -m bench.peers --peer brorl --n 16 --prompts-per-step 32 --steps 4 "${PEER[@]}"
-  keep_bench "peers_${TAG}*"
-  (while sleep 30; do runs share512; done) &
-  snap=$!
-  LIMIT=420 step ts_512 python3 -m bench.e2e --shape qwen2-1.5b --cases 1:512:keep:timeshare --steps 5 --raw-steps 2 \
-       --share-gpu --tag "${TAG}ts_512"
-  LIMIT=360 step co_512 python3 -m bench.e2e --shape qwen2-1.5b --cases 1:512:keep:corun --steps 5 --share-gpu \
-       --raw-from "bench/results/e2e_${TAG}ts_512.json" --tag "${TAG}share_512"
-  kill $snap; runs share512; keep_bench "e2e_${TAG}ts_512*" "e2e_${TAG}share_512*"; rm -rf runs/bench/e2e/run-*
-  LIMIT=300 step k_liger python3 -m bench.learner --gpu --kernels fixed-liger --tag "$TAG"
-  keep_bench "learner_gpu_${TAG}*"
-  LIMIT=200 step peers_trl512 python3 -m bench.peers --peer trl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}"
-  LIMIT=240 step peers_brorl512 python3 -m bench.peers --peer brorl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}"
+  share_pair 16
+  mode=$(python3 -c "import json
+runs = json.load(open('bench/results/e2e_${TAG}share_16.json'))['runs']
+rate = {r['share_gpu']: r['samples_per_s'] for r in runs}
+print(max(rate, key=rate.get))" || echo corun)
+  echo "$mode" > "$R/peers_mode.txt"
+  LIMIT=300 step peers_brorl16 python3 -m bench.peers --peer brorl --n 16 --prompts-per-step 32 --steps 4 "${PEER[@]}" \
+       --brorl-set "actor.share_gpu=$mode"
   keep_bench "peers_${TAG}*"
   for d in runs/bench/peers/brorl-*; do [ -d "$d" ] || continue; mkdir -p "$R/bench/peers-$(basename "$d")"
     cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/peers-$(basename "$d")/" 2>/dev/null; done; pack
-  step gpuold $PT tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
+  share_pair 512
+  LIMIT=600 step gpuold $PT tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
+  LIMIT=200 step peers_trl512 python3 -m bench.peers --peer trl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}"
+  LIMIT=240 step peers_brorl512 python3 -m bench.peers --peer brorl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}" \
+       --brorl-set "actor.share_gpu=$mode"
+  keep_bench "peers_${TAG}*"
 elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = timeshare ]; then
-  # one GPU, how learner and engine share it (actor.share_gpu): per N, the raw engine and the time-shared loop
-  # (its learner trains with the engine paused: the standalone figure of the bound), then the co-run loop
-  # against the same raw rows; the second file holds both runs
-  for N in 16 512; do
-    (while sleep 30; do runs "ts$N"; done) &
-    snap=$!
-    LIMIT=420 step "ts_$N" python3 -m bench.e2e --shape qwen2-1.5b --cases "1:$N:keep:timeshare" --steps 5 \
-         --raw-steps 2 --share-gpu --tag "${TAG}ts_$N"
-    LIMIT=420 step "co_$N" python3 -m bench.e2e --shape qwen2-1.5b --cases "1:$N:keep:corun" --steps 5 \
-         --share-gpu --raw-from "bench/results/e2e_${TAG}ts_$N.json" --tag "${TAG}share_$N"
-    kill $snap; runs "ts$N"; keep_bench "e2e_${TAG}ts_$N*" "e2e_${TAG}share_$N*"; rm -rf runs/bench/e2e/run-*
-  done
+  # one GPU, how learner and engine share it (actor.share_gpu): share_pair at N = 16 and 512
+  for N in 16 512; do share_pair "$N"; done
 elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
   # one GPU, the learner's speed (issue: the whole loop at the speed of its engines): no recomputation at
   # 32k-token micro-batches with the LM head's logits kept for backward (profiled) and without; the presets'

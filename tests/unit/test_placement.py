@@ -207,3 +207,15 @@ def test_the_learner_takes_expandable_cuda_segments_unless_the_user_chose_an_all
     env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
     allocator_default(env)
     assert env == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+
+
+def test_one_gpu_settings_place_both_roles_on_gpu_0_and_the_command_line_wins(capsys):
+    from cli.run import one_gpu
+
+    over = one_gpu(["--learner.micro_batch_tokens", "8192", "--actor.kv_cache_gib=12"])
+    printed = capsys.readouterr().out
+    assert "transport.weight_backend=\"ipc\"" in printed and "micro_batch_tokens" not in printed
+    c = load_config("brorl-1.5b", {**over, "model.path": "m", "verifiers.task": "arith"})
+    assert (c.learner.micro_batch_tokens, c.actor.kv_cache_gib, c.learner.backend) == (8192, 12, "torch")
+    p = place(c, visible=1)
+    assert p == Placement([0], [[0]])
