@@ -198,10 +198,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench" / "soak"))
     ap.add_argument("--analyse", metavar="JSON", help="only recompute the figures from a saved soak.json")
+    ap.add_argument("--finish", metavar="RAW", help="a soak cut short (its process killed): the figures from its "
+                    "raw record, RUN_DIR/../soak-raw.json, saved every 10 minutes, and its run folder")
     args = ap.parse_args()
     if args.analyse:
         return report(json.loads(Path(args.analyse).read_text()))
-    from learner.ledger import account, check
+    if args.finish:
+        raw = json.loads(Path(args.finish).read_text())
+        return finish(Path(raw["run_dir"]), raw["t0"], raw["t_last"], raw["args"], raw["kills"], raw["events"],
+                      raw["samples"], rc=None, died=None, command=raw["command"] + f"  (finished: --finish {args.finish})")
     from learner.metrics import read
 
     run_dir = Path(args.run_dir)
@@ -233,10 +238,17 @@ def main() -> int:
     disk_at = t0 + 60 * args.disk_full_at if args.disk_full_at > 0 else None
     stopped = disk = None  # (victim procs, until) / (DiskFull, event, step when mounted, deadline)
     end = t0 + 60 * args.minutes
+    raw_file, saved = run_dir.parent / "soak-raw.json", t0
+    command = "python -m bench.soak " + " ".join(sys.argv[1:])
     try:
         while time.time() < end and proc.poll() is None:
             time.sleep(10)
             now = time.time()
+            if now - saved >= 600:  # a soak killed from outside still leaves its record (`--finish`)
+                saved = now
+                raw_file.write_text(json.dumps({"run_dir": str(run_dir), "t0": t0, "t_last": now, "command": command,
+                                                "args": {"checkpoint_interval": args.checkpoint_interval},
+                                                "kills": kills, "events": events, "samples": samples}))
             r = roles(proc.pid)
             samples.append({"t": now - t0, **{k: rss_mb(v) for k, v in r.items()},
                             "pids": {k: v[0].pid for k, v in r.items()}, "disk": disk_mb(run_dir)})
@@ -317,7 +329,18 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=600)
     if died is not None:
-        say(f"!!! the job ended by itself (exit status {died}) before the soak's end")
+        print(f"[soak] !!! the job ended by itself (exit status {died}) before the soak's end", flush=True)
+    return finish(run_dir, t0, time.time(), {"checkpoint_interval": args.checkpoint_interval}, kills, events, samples,
+                  rc=rc, died=died, command=command)
+
+
+def finish(run_dir: Path, t0: float, t_end: float, args: dict, kills: list, events: list, samples: list, *,
+           rc: int | None, died: int | None, command: str) -> int:
+    """The raw record of a soak (ended, or cut short and read back by `--finish`) with its run folder's metrics,
+    ledger and launcher log: the figures."""
+    from learner.ledger import account, check
+    from learner.metrics import read
+
     rows = read(run_dir / "metrics.jsonl")
     acc = account(run_dir)
     ledger_ok, ledger_error = True, ""
@@ -327,15 +350,15 @@ def main() -> int:
         ledger_ok, ledger_error = False, str(e)[:500]
     launcher_log = (run_dir.parent / "soak-launcher.log").read_text(errors="replace")
     result = {
-        "minutes": (time.time() - t0) / 60, "launcher_rc": rc, "ended_by_itself": died is not None,
-        "checkpoint_interval": args.checkpoint_interval, "kills": kills, "events": events, "rss_samples": samples,
+        "minutes": (t_end - t0) / 60, "launcher_rc": rc, "ended_by_itself": died is not None,
+        "checkpoint_interval": args["checkpoint_interval"], "kills": kills, "events": events, "rss_samples": samples,
         "learner_restart_lines": [ln for ln in launcher_log.splitlines() if "learner died" in ln],
         "steps_rows": [{"step": r["step"], "t": r["time"] - t0, "generated": r.get("generated") or 0.0,
-                        "pass_rate": r.get("pass_rate")} for r in rows],
+                        "pass_rate": r.get("pass_rate")} for r in rows if r["time"] <= t_end],
         "ledger": {"ok": ledger_ok, "error": ledger_error, "trained": len(acc.trained), "granted": len(acc.granted),
                    "dropped": len(acc.dropped), "pending_at_end": len(acc.end_pending),
                    "restarted_or_evicted_returns": sum(r["reason"] in ("restarted", "evicted") for r in acc.returned)},
-        "command": "python -m bench.soak " + " ".join(sys.argv[1:]),
+        "command": command,
     }
     return report(result)
 
