@@ -3,14 +3,13 @@
 A compiled layer meets several variants in ordinary training (grad mode, a mask or none, one row or
 more), each compiled the first time it comes. Left to chance, a new variant arrives mid-run (a step with
 a long completion alone in its micro-batch, or without padding) and that step stalls on a GPU
-while the actors wait for the next weights. `warm_up` compiles them all at the start on tiny synthetic
-micro-batches; `WarmUp` runs it on every rank at the start of the first step.
+while the actors wait for the next weights. `Trainer.warm_up` compiles them all at the start on the tiny
+synthetic micro-batches of `warm_up_batches`; `WarmUp` runs it on every rank at the start of the first step.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -97,23 +96,13 @@ def warm_up_lengths(floor: int) -> tuple[list[int], ...]:
     return ([l3 - 11, l3 - 23, l3 - 17], [l3 - 5] * 3, [l1 - 11], [l1 - 5])
 
 
-def warm_up(trainer: "Trainer") -> float:
-    """This rank's compilation: the policy's log-probs without and with gradients (and the reference
-    policy's, with a KL term), and their backward, on the `warm_up_lengths` micro-batches. Gradients are
-    taken with `torch.autograd.grad`: nothing accumulates into a parameter, and no optimizer or ZeRO state
-    changes. Returns the seconds it took."""
-    t0 = time.perf_counter()
-    emb = trainer.model.get_input_embeddings()
-    ids = lambda n, k: [(7 * i + k) % emb.num_embeddings for i in range(n)]  # noqa: E731
-    for lengths in warm_up_lengths(trainer.min_tokens):
-        packed = pack([ids(5, 1)] * len(lengths), [ids(n, 3) for n in lengths], trainer.pad_id, trainer.cfg.device,
-                      multiple=PAD_MULTIPLE, min_tokens=trainer.min_tokens)
-        trainer._logp(trainer.model, packed, grad=False)
-        if trainer.state.ref_model is not None:
-            trainer._logp(trainer.state.ref_model, packed, grad=False)
-        logp, _ = trainer._logp(trainer.model, packed, grad=True)
-        torch.autograd.grad(logp[packed.mask].sum(), [emb.weight])
-    return time.perf_counter() - t0
+def warm_up_batches(vocab: int, pad_id: int, device: str | torch.device, floor: int):
+    """The warm-up's synthetic micro-batches (`warm_up_lengths` above `floor`), packed as a compiled step packs
+    its own, one at a time; token ids below `vocab`. `Trainer.warm_up` runs its passes on them."""
+    ids = lambda n, k: [(7 * i + k) % vocab for i in range(n)]  # noqa: E731
+    for lengths in warm_up_lengths(floor):
+        yield pack([ids(5, 1)] * len(lengths), [ids(n, 3) for n in lengths], pad_id, device,
+                   multiple=PAD_MULTIPLE, min_tokens=floor)
 
 
 class WarmUp:

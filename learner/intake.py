@@ -2,8 +2,9 @@
 
 Work messages (hello, work request, heartbeat, admin) on the work socket and groups on the rollout socket;
 identity, validation, acknowledgements and NACKs, prompts taken back, restarted and silent actors.
-`Intake` is a part of `LearnerService` (its mixin): it uses the service's sockets, members, dispatcher,
-batcher, admission, validator, admin desk and ledger.
+`Intake` is a collaborator of `LearnerService`, given what it works with: the sockets, the membership and
+its weight sync, the dispatcher, batcher, admission, validator, admin desk, the held-out estimate's clock,
+the ledger's `record`, and the current policy version.
 
 Every action is keyed by the authenticated sender, never by what a message claims: with CURVE, the actor
 whose key the connection holds; without, the actor id a connection first spoke for, from the address it
@@ -16,17 +17,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING, Callable
 
 from learner.batching import NothingRenders
 from learner.validation import identity_problem
 from transport import wire
 from transport.zmq_transport import Peer
 
+if TYPE_CHECKING:
+    from learner.admin import AdminDesk
+    from learner.batching import Admission, Batcher, Dispatcher
+    from learner.heldout import HeldoutEstimate
+    from learner.membership import Membership, WeightSync
+    from learner.validation import GroupValidator
+    from transport.zmq_transport import LearnerSockets
+
 log = logging.getLogger("brorl.learner")
 
 
 class Intake:
-    async def _work_task(self) -> None:
+    def __init__(self, *, sockets: "LearnerSockets", members: "Membership", weights: "WeightSync",
+                 dispatcher: "Dispatcher", batcher: "Batcher", admission: "Admission", validator: "GroupValidator",
+                 desk: "AdminDesk", heldout: "HeldoutEstimate", record: Callable[[dict], None],
+                 version: Callable[[], int], curve: bool):
+        self.sockets, self.members, self.weights = sockets, members, weights
+        self.dispatcher, self.batcher, self.admission = dispatcher, batcher, admission
+        self.validator, self.desk, self.heldout = validator, desk, heldout
+        self.record = record  # a ledger row
+        self._version = version  # the learner's policy version now
+        self.curve = curve  # transport.curve: connections are authenticated by their keys
+        self._admin_tasks: set[asyncio.Task] = set()
+
+    @property
+    def version(self) -> int:
+        return self._version()
+
+    async def serve_work(self) -> None:
+        """The work socket's loop (the learner's task "learner:dispatcher")."""
         while True:
             ident, msg = await self.sockets.work.recv()
             try:  # nothing a peer sends may end the learner
@@ -60,7 +87,7 @@ class Intake:
             left_group, retired = self.members.hello(actor, msg.incarnation, peer.address)
             self.members.bind_route(actor, ident)
             if left_group:
-                self._drop_group()  # stale for it: the next rendezvous forms a new group
+                self.weights.drop_group()  # stale for it: the next rendezvous forms a new group
             if retired is not None:
                 self.retire_incarnation(actor, retired)
             await self.sockets.answer_hello(ident, msg)
@@ -84,15 +111,15 @@ class Intake:
                                           kept=len(self.batcher.kept) if self.batcher.waiting else self.batcher.B,
                                           actors=self.members.active())
             if items:
-                self._record({"granted": [i.prompt_id for i in items], "actor": actor, "sources": [i.source for i in items],
-                              "incarnation": self.members.incarnations.get(actor, "")})
+                self.record({"granted": [i.prompt_id for i in items], "actor": actor, "sources": [i.source for i in items],
+                             "incarnation": self.members.incarnations.get(actor, "")})
             await self.sockets.work.send(ident, wire.WorkAssignment(items))
         else:
             self.members.bind_route(actor, ident)
             new = self.members.heartbeat(msg)
             if self.members.resync:  # an actor holds weights that failed their checksum
                 self.members.resync = False
-                self._drop_group()
+                self.weights.drop_group()
             if new or not self.members.group:
                 self.batcher.wake()  # a new member, or a regroup: broadcast first
 
@@ -104,12 +131,12 @@ class Intake:
         if owner is not None and owner != actor:  # one connection speaks for one actor
             return f"its connection speaks for actor {owner[:64]!r}"
         address = None if hello else self.members.addresses.get(actor)  # a hello may come from a new host
-        return identity_problem(actor, peer, address, self.cfg.transport.curve)
+        return identity_problem(actor, peer, address, self.curve)
 
     def take_back(self, pids: list[int], actor: str | None, reason: str, holder: bool = True) -> None:
         """Prompts back to the queue (with `holder`, those `actor` holds) and a ledger row saying why."""
         if back := self.dispatcher.give_back(pids, actor if holder else None):
-            self._record({"returned": back, "actor": actor, "reason": reason})
+            self.record({"returned": back, "actor": actor, "reason": reason})
 
     async def _answer_admin(self, ident: bytes, msg: wire.Admin, peer: Peer) -> None:
         try:
@@ -119,7 +146,8 @@ class Intake:
             reply = wire.AdminReply(False, f"failed: {type(e).__name__}: {e}")
         await self.sockets.work.send(ident, reply)
 
-    async def _rollout_task(self) -> None:
+    async def serve_rollouts(self) -> None:
+        """The rollout socket's loop (the learner's task "learner:rollouts")."""
         while True:
             g = await self.sockets.rollouts.recv()
             await self.send_nacks()
@@ -144,7 +172,7 @@ class Intake:
         for actor, dups in self.sockets.rollouts.take_duplicate_ids().items():
             await self.send_to(actor, wire.GroupAck([gid for gid, _, _ in dups]))
             self.take_back([pid for _, pid, peer in dups if not identity_problem(
-                actor, peer, self.members.addresses.get(actor), self.cfg.transport.curve)], actor, "duplicate")
+                actor, peer, self.members.addresses.get(actor), self.curve)], actor, "duplicate")
 
     async def send_nacks(self) -> None:
         """NACK groups that did not decode but named their sender and id (so it stops re-sending them); the
@@ -155,7 +183,7 @@ class Intake:
             self.validator.count(n.actor_id[:64], n.group_id[:200], n.why)
             await self.send_to(n.actor_id, wire.GroupAck([], {n.group_id: n.why}))
             if n.prompt_id is not None and not identity_problem(n.actor_id, n.peer, self.members.addresses.get(
-                    n.actor_id), self.cfg.transport.curve):
+                    n.actor_id), self.curve):
                 self.take_back([n.prompt_id], n.actor_id, "invalid")
 
     async def on_group(self, g: wire.RolloutGroup, peer: Peer) -> None:
@@ -163,7 +191,7 @@ class Intake:
         staleness rules."""
         if self.heldout.t_first is None:
             self.heldout.t_first = time.monotonic()
-        why = identity_problem(g.actor_id, peer, self.members.addresses.get(g.actor_id), self.cfg.transport.curve)
+        why = identity_problem(g.actor_id, peer, self.members.addresses.get(g.actor_id), self.curve)
         if why:  # not who it claims to be: counted, and nothing done in the claimed actor's name
             self.validator.count(g.actor_id[:64], g.group_id[:200], f"identity: {why}")
             return
@@ -202,7 +230,7 @@ class Intake:
         table goes (its late groups still count if their prompt is still unanswered)."""
         back = self.dispatcher.retire(actor)
         self.sockets.rollouts.forget(f"{actor}:{incarnation}")
-        self._record({"returned": back, "actor": actor, "reason": "restarted"})
+        self.record({"returned": back, "actor": actor, "reason": "restarted"})
         log.warning("actor %s restarted (incarnation %s retired); %d prompts it held go back to the queue",
                     actor, incarnation, len(back))
 
@@ -210,7 +238,7 @@ class Intake:
         """Leases unanswered past their deadline go back to the queue (`Dispatcher.expire`): a holder that
         does not deliver loses its prompts to the others without being evicted first."""
         for actor, back in self.dispatcher.expire().items():
-            self._record({"returned": back, "actor": actor, "reason": "expired"})
+            self.record({"returned": back, "actor": actor, "reason": "expired"})
             log.warning("actor %s held %d prompts past the lease deadline (%.0f s, learner.lease_timeout_s): they "
                         "go back to the queue; it holds at most one until it delivers a group", actor, len(back),
                         self.dispatcher.lease_deadline())
@@ -220,7 +248,7 @@ class Intake:
         broadcast regroups without them) and the prompts they hold go back to the queue."""
         for actor in self.members.drop_silent(within_s):
             back = self.dispatcher.retire(actor)
-            self._record({"returned": back, "actor": actor, "reason": "evicted"})
+            self.record({"returned": back, "actor": actor, "reason": "evicted"})
             log.warning("actor %s silent for %.1f s: evicted; %d prompts it held go back to the queue", actor,
                         within_s or self.members.timeout_s, len(back))
             self.batcher.wake()

@@ -1,6 +1,8 @@
 """Who the learner's actors are: hellos and incarnations, signs of life and roll calls, weight-group
 membership (who joined, who never does), checksums of the weights they report, and where replies to each
-go (the connection its last authenticated message came on)."""
+go (the connection its last authenticated message came on) — `Membership`; and the learner's side of weight
+sync that acts on it: when to regroup, each version's broadcast, and what a failed one costs whom —
+`WeightSync`."""
 
 from __future__ import annotations
 
@@ -8,8 +10,12 @@ import asyncio
 import logging
 import math
 import time
+from typing import Callable
 
 from transport import wire
+from transport.control import ControlPublisher
+from transport.ports import free_port
+from transport.weights import WeightBroadcaster, WeightSyncError
 
 log = logging.getLogger("brorl.learner")
 
@@ -283,3 +289,84 @@ class Membership:
 
     def needs_sync(self, version: int) -> bool:
         return version > 0 and (self.synced_version < version or self.group != self.alive())
+
+
+class WeightSync:
+    """The learner's side of weight sync, over `members`: announce each version and broadcast it to the live
+    actors, regrouping first (a roll call, then a rendezvous) when the membership changed. A failed
+    broadcast regroups next time; who failed it is judged here (`Membership.shun_absent`,
+    `hold_out_namers`) and the silent are evicted through `evict(within_s)`."""
+
+    def __init__(self, members: Membership, broadcaster: WeightBroadcaster, control: ControlPublisher, *,
+                 host: str, heartbeat_s: float, tensor_parallel: int, evict: Callable[[float], None]):
+        self.members, self.broadcaster, self.control = members, broadcaster, control
+        self.host = host  # where a rendezvous's port is taken
+        self.heartbeat_s = heartbeat_s  # transport.heartbeat_interval_s: the roll call's and the failure's clock
+        self.tensor_parallel = tensor_parallel  # each worker of a TP engine is a rank of the group (vllm_ext)
+        self.evict = evict
+
+    def needed(self, version: int) -> bool:
+        """Does a member lack `version`, or has the membership changed since the group formed?"""
+        return self.members.needs_sync(version)
+
+    async def publish(self, version: int) -> None:
+        """Announce `version` and broadcast it to the live actors, regrouping first if membership changed.
+        Nothing to do when every member already has it. A failed broadcast regroups next time."""
+        members = self.members
+        if not members.needs_sync(version):
+            return
+        alive = members.alive()
+        if alive and members.group != alive:  # a new group: only of actors that show they live
+            called, alive = alive, await members.roll_call(alive, 2.5 * self.heartbeat_s)
+            log.info("weight group for version %d: %s; missed the roll call: %s", version, alive,
+                     sorted(set(called) - set(alive)))
+        if not alive:  # nobody to send to: the version is announced, the next member gets it on joining
+            self.drop_group()
+            members.synced_version = version
+            await self.control.publish("version", version=version)
+            return
+        forming = None  # (group name, when actors were told) while a new group's rendezvous is open
+        try:
+            if members.group != alive:
+                info, offsets = self.broadcaster.rendezvous_info(free_port(self.host),
+                                                                 [self.tensor_parallel] * len(alive), names=alive)
+                await self.control.publish("weights", rendezvous=info, plan=self.broadcaster.plan.to_dict(),
+                                           offsets=dict(zip(alive, offsets)))
+                forming = (info["group_name"], time.monotonic())
+                await self.broadcaster.open(info)
+                forming = None
+                members.joined(alive)
+            await self.control.publish("version", version=version)
+            members.expect(version, await self.broadcaster.broadcast(version))
+            members.synced_version = version
+        except WeightSyncError as e:
+            log.error("weight sync for version %d failed: %s; regrouping with live actors", version, e)
+            await self._judge_failure(alive, forming)
+
+    async def _judge_failure(self, alive: list[str], forming: tuple[str, float] | None) -> None:
+        """After a failed sync of group `alive` (`forming`: the rendezvous that never formed, if one was
+        open): who is left out of the next groups, and the dead evicted; the next broadcast regroups."""
+        members, beat = self.members, self.heartbeat_s
+        # the group never formed: a member that kept heartbeating without naming it is why (a zombie)
+        if forming and (absent := members.shun_absent(alive, forming[0], forming[1] + 2 * beat)):
+            log.error("actors %s heartbeat but never named weight group %s: left out of weight groups until "
+                      "they say hello again after a back-off (%s)", absent, forming[0],
+                      ", ".join(f"{a}: {members.shunned[a] - time.monotonic():.0f} s" for a in absent))
+        self.drop_group()
+        # a member that died is why it failed: give the living two heartbeats to show themselves and
+        # evict the rest now, so the next rendezvous does not wait a whole weight timeout for the dead
+        await asyncio.sleep(2 * beat)
+        self.evict(1.5 * beat)
+        # every member lives and named the group, yet it never formed: one joined in name only (or was slow)
+        if forming:
+            blamed, waiting = members.hold_out_namers(alive, forming[0])
+            if blamed or waiting:
+                log.error("weight group %s never formed though every member named it: %s left out of weight "
+                          "groups for a back-off (%s), %s out of the next rendezvous only", forming[0],
+                          blamed, ", ".join(f"{a}: {members.probation[a] - time.monotonic():.0f} s"
+                                            for a in blamed), waiting)
+
+    def drop_group(self) -> None:
+        """No weight group any more: the next broadcast forms a new one; nobody is handed the old rendezvous."""
+        self.members.group = []
+        self.control.weights = {}

@@ -5,9 +5,10 @@
                                      → advantages → PPO + TIS → version + 1 → broadcast → checkpoint
 
 `LearnerService.train` is the top-level loop. The policy version is the trainer's step (one source of
-truth). The dispatcher (work socket) and the rollout receiver are named background tasks; if either dies,
-`run` stops with its error instead of hanging. `state_dict` / `load_state_dict` are what a checkpoint
-holds; the `Checkpointer` only writes and reads the files.
+truth). Its collaborators: the `Intake` (what actors send: the work socket's loop, "dispatcher", and the
+rollout receiver's, both named background tasks; if either dies, `run` stops with its error instead of
+hanging) and the `WeightSync` beside the membership (regroup, broadcast). `state_dict` / `load_state_dict`
+are what a checkpoint holds; the `Checkpointer` only writes and reads the files.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from config.schema import BrorlConfig
 from learner.admin import AdminDesk
 from learner.batching import Admission, Batch, Batcher, Dispatcher, TaskStream
-from learner.membership import Membership
+from learner.membership import Membership, WeightSync
 from learner.diagnose import BUSY, cause, why_no_batch
 from learner.heldout import HeldoutEstimate
 from learner.intake import Intake
@@ -34,8 +35,7 @@ from learner.planning import TrainGroup
 from learner.validation import GroupValidator
 from taskdata import PromptRenderer
 from transport import events, wire
-from transport.weights import WeightBroadcaster, WeightSyncError
-from transport.ports import free_port
+from transport.weights import WeightBroadcaster
 from transport.zmq_transport import Endpoints, LearnerSockets, Security
 
 log = logging.getLogger("brorl.learner")
@@ -72,7 +72,7 @@ def main(cfg: BrorlConfig, resume: bool) -> int:
     return code
 
 
-class LearnerService(Intake):
+class LearnerService:
     def __init__(self, cfg: BrorlConfig, *, resume: bool = False, ranks: Ranks | None = None):
         self.cfg, self.ranks = cfg, ranks or Ranks()
         self.ckpt = Checkpointer(cfg.run.run_dir, keep=cfg.learner.checkpoint_keep)
@@ -100,13 +100,12 @@ class LearnerService(Intake):
             self.dispatcher.tasks[0]  # the first task rendered now: a model that can take none stops before actors wait
         self.admission = Admission(cfg.job.max_staleness)
         self.batcher = Batcher(cfg.job.prompts_per_step, cfg.learner.dynamic_sampling, self.admission,
-                               lambda pids: self.take_back(pids, None, "stale", holder=False),
+                               lambda pids: self.intake.take_back(pids, None, "stale", holder=False),
                                self.dispatcher.wave_done if cfg.run.reproducible else None, self.source_of,
                                cfg.learner.dynamic_sampling_metric)
         t = cfg.transport
         self.members = Membership(t.heartbeat_timeout_s, t.max_actors, backoff_s=t.weight_timeout_s)
         self.validator = GroupValidator(cfg, model.get_input_embeddings().num_embeddings)
-        self._admin_tasks: set[asyncio.Task] = set()
         if saved is not None:
             self.load_state_dict(self.ckpt.load(saved))
             log.info("resumed from %s: step %d, version %d, cursor %d", saved.path, self.trainer.state.step,
@@ -118,16 +117,23 @@ class LearnerService(Intake):
         self.sockets.control.version = self.version
         self.desk = AdminDesk(cfg, self.sockets.control,
                               lambda: f"step {self.version}, version {self.version}, actors {self.members.alive()}")
-        self.broadcaster = WeightBroadcaster(lambda: self.ranks.shapes(self.trainer), dtype=self.serving_dtype,
-                                             bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
-                                             backend=t.weight_backend, host=t.host,
-                                             bucket_tensors=lambda a, b: self.ranks.entries(self.trainer, a, b),
-                                             device=next(self.trainer.model.parameters()).device)
+        broadcaster = WeightBroadcaster(lambda: self.ranks.shapes(self.trainer), dtype=self.serving_dtype,
+                                        bucket_mb=t.weight_bucket_mb, timeout_s=t.weight_timeout_s,
+                                        backend=t.weight_backend, host=t.host,
+                                        bucket_tensors=lambda a, b: self.ranks.entries(self.trainer, a, b),
+                                        device=next(self.trainer.model.parameters()).device)
+        self.weights = WeightSync(self.members, broadcaster, self.sockets.control, host=t.host,
+                                  heartbeat_s=t.heartbeat_interval_s, tensor_parallel=a.tensor_parallel_size,
+                                  evict=lambda within_s: self.intake.evict_silent(within_s))
         self.metrics = MetricsWriter(cfg.run.run_dir, cfg.run.wandb_project or None, cfg.run.wandb_mode)
         # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
         self.ledger = open_append(Path(cfg.run.run_dir) / "ledger.jsonl")
         self.stop = asyncio.Event()
         self.heldout = HeldoutEstimate(cfg, self.renderer)
+        self.intake = Intake(sockets=self.sockets, members=self.members, weights=self.weights,
+                             dispatcher=self.dispatcher, batcher=self.batcher, admission=self.admission,
+                             validator=self.validator, desk=self.desk, heldout=self.heldout, record=self.record,
+                             version=lambda: self.version, curve=t.curve)
         self.generated_total = 0  # samples generated since this process started (resume: counts afresh)
         self._bad_steps = 0  # consecutive steps skipped for non-finite values
         self._failed_saves = 0  # consecutive scheduled checkpoint saves that failed
@@ -164,7 +170,7 @@ class LearnerService(Intake):
                 await self.computing(self.version + 1)    # actor.share_gpu "timeshare": engines pause
                 await self.train_on(batch, report)        # advantages → PPO + TIS → version + 1
             report.lap("train_s")
-            await self.publish_weights()                  # broadcast: to every member that lacks this version
+            await self.weights.publish(self.version)      # broadcast: to every member that lacks this version
             await self.computing(0)                       # (a step's pause ends with its weights, at the latest here)
             report.lap("broadcast_s")
             if batch is None:
@@ -184,7 +190,7 @@ class LearnerService(Intake):
 
     def _interrupted(self) -> bool:
         """Stop waiting for a batch: stopping, or a member needs the current weights first."""
-        return self.stop.is_set() or self.members.needs_sync(self.version)
+        return self.stop.is_set() or self.weights.needed(self.version)
 
     async def train_on(self, batch: Batch, report: StepReport) -> None:
         self.dispatcher.observe_keep_rate(len(batch.groups), int(batch.stats["groups_received"]))
@@ -220,7 +226,7 @@ class LearnerService(Intake):
         dropped = stats.pop("consumed_ids")
         trained = [g.prompt_id for g in batch.groups]
         self.dispatcher.commit(trained + dropped)
-        self._record({"step": self.version, "trained": trained, "dropped": dropped})
+        self.record({"step": self.version, "trained": trained, "dropped": dropped})
         self.generated_total += stats["generated"]
         actors = self.members.actor_stats.values()
         report.update({**stats, **self.admission.take_stats(), **self.validator.take_stats(), "version": self.version,
@@ -228,64 +234,6 @@ class LearnerService(Intake):
                        **{f"actor_{k}": sum(a.get(k, 0.0) for a in actors) for k in ACTOR_COUNTERS},
                        "actor_engine_restarts": sum(a.get("engine_restarts", 0) for a in actors)})
         self._no_progress = 0  # (after the report: the warnings of this step's wait are counted in it)
-
-    async def publish_weights(self) -> None:
-        """Announce the current version and broadcast it to the live actors, regrouping first if membership
-        changed. Nothing to do when every member already has it. A failed broadcast regroups next time."""
-        if not self.members.needs_sync(self.version):
-            return
-        alive = self.members.alive()
-        if alive and self.members.group != alive:  # a new group: only of actors that show they live
-            called, alive = alive, await self.members.roll_call(alive, 2.5 * self.cfg.transport.heartbeat_interval_s)
-            log.info("weight group for version %d: %s; missed the roll call: %s", self.version, alive,
-                     sorted(set(called) - set(alive)))
-        if not alive:  # nobody to send to: the version is announced, the next member gets it on joining
-            self._drop_group()
-            self.members.synced_version = self.version
-            await self.sockets.control.publish("version", version=self.version)
-            return
-        forming = None  # (group name, when actors were told) while a new group's rendezvous is open
-        try:
-            if self.members.group != alive:
-                tp = self.cfg.actor.tensor_parallel_size  # each worker of a TP engine is a rank (vllm_ext)
-                info, offsets = self.broadcaster.rendezvous_info(free_port(self.cfg.transport.host), [tp] * len(alive),
-                                                                 names=alive)
-                await self.sockets.control.publish("weights", rendezvous=info, plan=self.broadcaster.plan.to_dict(),
-                                                   offsets=dict(zip(alive, offsets)))
-                forming = (info["group_name"], time.monotonic())
-                await self.broadcaster.open(info)
-                forming = None
-                self.members.joined(alive)
-            await self.sockets.control.publish("version", version=self.version)
-            self.members.expect(self.version, await self.broadcaster.broadcast(self.version))
-            self.members.synced_version = self.version
-        except WeightSyncError as e:
-            log.error("weight sync for version %d failed: %s; regrouping with live actors", self.version, e)
-            # the group never formed: a member that kept heartbeating without naming it is why (a zombie)
-            if forming and (absent := self.members.shun_absent(
-                    alive, forming[0], forming[1] + 2 * self.cfg.transport.heartbeat_interval_s)):
-                log.error("actors %s heartbeat but never named weight group %s: left out of weight groups until "
-                          "they say hello again after a back-off (%s)", absent, forming[0],
-                          ", ".join(f"{a}: {self.members.shunned[a] - time.monotonic():.0f} s" for a in absent))
-            self._drop_group()
-            # a member that died is why it failed: give the living two heartbeats to show themselves and
-            # evict the rest now, so the next rendezvous does not wait a whole weight timeout for the dead
-            beat = self.cfg.transport.heartbeat_interval_s
-            await asyncio.sleep(2 * beat)
-            self.evict_silent(within_s=1.5 * beat)
-            # every member lives and named the group, yet it never formed: one joined in name only (or was slow)
-            if forming:
-                blamed, waiting = self.members.hold_out_namers(alive, forming[0])
-                if blamed or waiting:
-                    log.error("weight group %s never formed though every member named it: %s left out of weight "
-                              "groups for a back-off (%s), %s out of the next rendezvous only", forming[0],
-                              blamed, ", ".join(f"{a}: {self.members.probation[a] - time.monotonic():.0f} s"
-                                                for a in blamed), waiting)
-
-    def _drop_group(self) -> None:
-        """No weight group any more: the next broadcast forms a new one; nobody is handed the old rendezvous."""
-        self.members.group = []
-        self.sockets.control.weights = {}
 
     async def checkpoint_if_due(self, force: bool = False) -> None:
         """Every `learner.checkpoint_interval` steps, and at the job's last step (its trained model). A
@@ -361,7 +309,8 @@ class LearnerService(Intake):
                 report.update(m)
 
     # ------------------------------------------------------------------ background tasks
-    def _record(self, row: dict) -> None:
+    def record(self, row: dict) -> None:
+        """One row of the ledger (`ledger.jsonl`), written through at once."""
         self.ledger.write(json.dumps(row) + "\n")
         self.ledger.flush()
 
@@ -373,9 +322,9 @@ class LearnerService(Intake):
         while True:
             await asyncio.sleep(min(1.0, self.members.timeout_s / 4))
             self.sockets.control.drain()  # subscriptions: bounded per peer
-            self.evict_silent()
-            await self.send_nacks()  # before the deadline: a NACKed group returns its prompt as "invalid"
-            self.expire_leases()
+            self.intake.evict_silent()
+            await self.intake.send_nacks()  # before the deadline: a NACKed group returns its prompt as "invalid"
+            self.intake.expire_leases()
             now = time.monotonic()
             if self.version != last_step:
                 last_step, since, warned = self.version, now, 0.0
@@ -401,9 +350,9 @@ class LearnerService(Intake):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
-        self._record({"start": self.version, "epoch": self.sockets.control.epoch, **self.dispatcher.state()})
-        tasks = [asyncio.create_task(self._work_task(), name="learner:dispatcher"),
-                 asyncio.create_task(self._rollout_task(), name="learner:rollouts"),
+        self.record({"start": self.version, "epoch": self.sockets.control.epoch, **self.dispatcher.state()})
+        tasks = [asyncio.create_task(self.intake.serve_work(), name="learner:dispatcher"),
+                 asyncio.create_task(self.intake.serve_rollouts(), name="learner:rollouts"),
                  asyncio.create_task(self._watchdog_task(), name="learner:watchdog"),
                  asyncio.create_task(self.train(), name="learner:train")]
         try:
@@ -413,7 +362,7 @@ class LearnerService(Intake):
                     raise TaskDied(f"task {t.get_name()} died") from t.exception()
             if self.stop.is_set():
                 await self.checkpoint_if_due(force=True)
-            self._record({"end": self.version, "pending": sorted(self.dispatcher.pending)})
+            self.record({"end": self.version, "pending": sorted(self.dispatcher.pending)})
             await self.sockets.control.publish("stop")
             self.ranks.stop_followers()  # only here: after an error a step may still be running in its thread
             return 0

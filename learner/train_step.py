@@ -44,7 +44,7 @@ import torch
 from config.schema import JobConfig, LearnerConfig
 from learner.algorithm import policy_loss, scaled_lr
 from learner.backends import Backend, enable_activation_checkpointing, make_backend
-from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, compiled_frames, min_tokens, warm_up
+from learner.compiling import PAD_MULTIPLE, WarmUp, compile_layers, compiled_frames, min_tokens, warm_up_batches
 from learner.flops import ModelShape, peak_flops
 from learner.batch import build, prefetched
 from learner.kernels import apply_liger_kernels
@@ -158,9 +158,22 @@ class Trainer:
                 compiled=self.cfg.compile, recompute=self.cfg.logprob_recompute, kernel=self.cfg.logprob_kernel)
 
     def warm_up(self) -> float:
-        """This rank's compilation before the first step (`learner.compiling.warm_up`); 0 s without
+        """This rank's compilation before the first step (`learner.compiling`): the policy's log-probs without
+        and with gradients (and the reference policy's, with a KL term), and their backward, on the
+        `warm_up_batches`. Gradients are taken with `torch.autograd.grad`: nothing accumulates into a
+        parameter, and no optimizer or ZeRO state changes. Returns the seconds it took; 0 without
         `learner.compile`."""
-        return warm_up(self) if self.cfg.compile else 0.0
+        if not self.cfg.compile:
+            return 0.0
+        t0 = time.perf_counter()
+        emb = self.model.get_input_embeddings()
+        for packed in warm_up_batches(emb.num_embeddings, self.pad_id, self.cfg.device, self.min_tokens):
+            self._logp(self.model, packed, grad=False)
+            if self.state.ref_model is not None:
+                self._logp(self.state.ref_model, packed, grad=False)
+            logp, _ = self._logp(self.model, packed, grad=True)
+            torch.autograd.grad(logp[packed.mask].sum(), [emb.weight])
+        return time.perf_counter() - t0
 
     def step(self, groups: list[TrainGroup | FlatGroup]) -> dict[str, float]:
         """One training step on `groups` (rank 0, or the only process): plan it, hand every rank its share,

@@ -305,7 +305,7 @@ async def test_a_bf16_job_keeps_fp32_master_weights_and_serves_bf16(tiny_model_d
     cfg = job(tiny_model_dir, tmp_path, steps=2, **{"model.dtype": "bfloat16"})
     actor = FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, seed=3)
     svc = await run_job(cfg, [actor])
-    assert set(svc.broadcaster.plan.dtype_names) == {"bfloat16"}
+    assert set(svc.weights.broadcaster.plan.dtype_names) == {"bfloat16"}
     assert all(p.dtype == torch.float32 for p in svc.trainer.model.parameters())
     assert actor.received_versions == [1, 2] and actor.checksum == svc.members.expected[2]  # bf16 bytes arrived intact
     saved = load_file(tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors")

@@ -74,14 +74,15 @@ def test_a_task_stream_where_nothing_renders_stops_the_learner_with_the_fix():
     assert msg.startswith("NothingRenders: 50 tasks in a row could not be rendered; the last: task ")
     assert "actor.max_model_len" in fix and "brorl data preview" in fix
 
-    class Learner(Intake):
+    class FailingIntake(Intake):
         async def on_work_message(self, ident, msg, peer):
             raise e.value  # what a grant raises when the next task cannot be rendered
 
     async def recv():
         return b"a0", object()
 
-    lrn = Learner()
-    lrn.sockets = SimpleNamespace(work=SimpleNamespace(recv=recv, last_peer=None))
+    lrn = FailingIntake(sockets=SimpleNamespace(work=SimpleNamespace(recv=recv, last_peer=None)), members=None,
+                        weights=None, dispatcher=None, batcher=None, admission=None, validator=None, desk=None,
+                        heldout=None, record=None, version=lambda: 0, curve=False)
     with pytest.raises(NothingRenders):
-        asyncio.run(asyncio.wait_for(lrn._work_task(), 30))
+        asyncio.run(asyncio.wait_for(lrn.serve_work(), 30))

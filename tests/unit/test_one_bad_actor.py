@@ -105,12 +105,13 @@ async def test_every_nack_and_duplicate_returns_the_senders_lease():
     push.connect(f"tcp://127.0.0.1:{rx.port}")
     sent: list = []
 
-    async def send_to(actor, msg):
-        sent.append((actor, msg))
-    desk = SimpleNamespace(cfg=load_config("tiny-cpu"), members=m, dispatcher=d, _record=rows.append,
-                           validator=SimpleNamespace(count=lambda *a: None), sockets=SimpleNamespace(rollouts=rx),
-                           send_to=send_to)  # what the intake's NACK paths use of the learner
-    desk.take_back = lambda pids, actor, reason, holder=True: Intake.take_back(desk, pids, actor, reason, holder)
+    async def send(route, msg):
+        sent.append((m.route_owner[route], msg))
+    m.bind_route("a", b"route-a")
+    intake = Intake(sockets=SimpleNamespace(rollouts=rx, work=SimpleNamespace(send=send)), members=m, weights=None,
+                    dispatcher=d, batcher=None, admission=None, validator=SimpleNamespace(count=lambda *a: None),
+                    desk=None, heldout=None, record=rows.append, version=lambda: 0,
+                    curve=load_config("tiny-cpu").transport.curve)  # what its NACK paths use
 
     def group(gid: str, pid) -> wire.RolloutGroup:
         return wire.RolloutGroup(**{**make_group(gid).__dict__, "actor_id": "a", "prompt_id": pid})
@@ -124,8 +125,8 @@ async def test_every_nack_and_duplicate_returns_the_senders_lease():
         assert (await asyncio.wait_for(rx.recv(), 10)).group_id == "a:inc:1"
         assert d.claim(granted[1], "a")
         assert (await asyncio.wait_for(rx.recv(), 10)).group_id == "a:inc:2"
-        await Intake.send_nacks(desk)
-        await Intake.ack_duplicates(desk)
+        await intake.send_nacks()
+        await intake.ack_duplicates()
     finally:
         push.close(linger=0)
         rx.sock.close(linger=0)
@@ -139,7 +140,7 @@ async def test_every_nack_and_duplicate_returns_the_senders_lease():
 def _rendezvous_sim(monkeypatch, joins, actors: list[str], seconds: float, timeout_s: float = 120.0):
     """The learner's regrouping, on a simulated clock: while the live members are not the formed group a
     rendezvous is called, every member names it (heartbeats), and it forms iff `joins(group, now)`, else it
-    costs `timeout_s` and the failure is judged as `publish_weights` judges it. Returns (failed rendezvous,
+    costs `timeout_s` and the failure is judged as `WeightSync.publish` judges it. Returns (failed rendezvous,
     seconds each actor spent in a formed group)."""
     import learner.membership as membership
 
