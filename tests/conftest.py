@@ -15,6 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The test workers and every role they start (learners, actors, DeepSpeed ranks) share the machine's few cores:
+# one OpenMP thread each, where several spinning OpenMP pools per core would slow every test down.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _has_cuda() -> bool:

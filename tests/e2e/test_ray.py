@@ -1,8 +1,8 @@
-"""`brorl run --cluster`: the tiny job on a real local Ray cluster (`ray start --head`: its own GCS, raylet and
-workers), each role in a Ray actor. The actor's Ray host is SIGKILLed mid-run: Ray restarts it, the new
-incarnation rejoins and its groups are trained, and the ledger shows no prompt lost or trained twice. Then
-two nodes that meet over a network only (a network namespace joined by a veth pair): the learner on one,
-two actors on the other, splitting its cores."""
+"""`brorl run --cluster`: the tiny job on a real Ray cluster of two nodes that meet over a network only (`ray
+start`, its own GCS, raylets and workers; the second node in a network namespace joined by a veth pair), each
+role in a Ray actor: the learner on one node, two actors on the other, splitting its cores. One actor's Ray
+host is SIGKILLed mid-run: Ray restarts it, the new incarnation rejoins and its groups are trained, and the
+ledger shows no prompt lost or trained twice."""
 
 import os
 import re
@@ -30,21 +30,6 @@ def job_ports(host: str = "127.0.0.1") -> dict:
     """The job's work, rollout and control ports, outside `WORKER_PORTS`."""
     port = free_ports(3, host, avoid=WORKER_PORTS)
     return {"transport.work_port": port, "transport.rollout_port": port + 1, "transport.control_port": port + 2}
-
-
-@pytest.fixture
-def ray_cluster(monkeypatch):
-    """A Ray head on this machine (its own processes), stopped afterwards with everything it started: the
-    processes that `ray start` left running and their descendants (workers, roles), by pid.
-    Its workers take ports 30000-30999 (`WORKER_PORTS`), away from the head's and the job's. Token authentication
-    is off for this loopback test cluster (the head and the driver would otherwise need the same token)."""
-    port = free_port(avoid=WORKER_PORTS)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    started = _ray_start([*RAY, "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false"])
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        _stop(started)
 
 
 def _ray_start(cmd: list[str]) -> list[int]:
@@ -87,47 +72,6 @@ def _is_ray(pid: int) -> bool:
     return "/ray/" in cmd or " -m ray." in cmd or cmd.startswith("ray::")
 
 
-def test_ray_restarts_a_killed_actor_and_the_job_loses_nothing(warm_model_dir, tmp_path, ray_cluster):
-    """The actor's Ray host is SIGKILLed by pid once it works: Ray restarts it, the new incarnation rejoins,
-    gets the current weights and its groups are trained; the ledger shows no prompt lost or trained twice."""
-    run = tmp_path / "run"
-    # Ray's own processes share the 2 cores too: a 10 s heartbeat timeout keeps a busy actor from being evicted
-    cfg = job(warm_model_dir, run, steps=100_000, actors=1, **{"transport.heartbeat_timeout_s": 10.0, **job_ports()})
-    la = RayLauncher(cfg, ray_cluster, quiet=True)
-    state = {}
-    try:
-        la.start()
-        assert la.placement.learner == [] and set(la.procs) == {"learner", "actor-0"}
-        for p in la.procs.values():  # Ray's workers run at nice 15; the roles at the node's normal priority
-            p.poll()
-            assert os.getpriority(os.PRIO_PROCESS, p.pid) == 0, p.name
-        end = time.monotonic() + 900
-        while la.procs["learner"].poll() is None:
-            assert time.monotonic() < end, f"the job did not get there: {state}"
-            la._supervise_actors()
-            incs = {r["incarnation"] for r in granted_to(run, "actor-0")}
-            if "killed" not in state and incs and steps_done(run) >= 3:
-                state["host"] = la.procs["actor-0"].host_pid
-                os.kill(state["host"], signal.SIGKILL)  # the Ray actor itself, by pid
-                state["killed"] = steps_done(run)
-            elif "killed" in state and len(incs) > 1:
-                state.setdefault("second", steps_done(run))
-                if steps_done(run) >= state["second"] + 4:
-                    break  # the replacement works and the job trained on
-            time.sleep(0.3)
-    finally:
-        la.stop()
-        la.close()
-    assert la.procs["learner"].returncode == 0, (run / "logs" / "learner.log").read_text()[-3000:]
-    assert la.restarts == 1 and la.procs["actor-0"].host_pid != state["host"], state
-    acc = account(run)
-    check(acc, steps_done(run))  # every trained prompt once, every granted one trained, dropped or given back
-    grants = granted_to(run, "actor-0")
-    new = {pid for r in grants if r["incarnation"] != grants[0]["incarnation"] for pid in r["granted"]}
-    assert new & set(acc.trained), "the restarted actor's groups were never trained"
-    assert "[actor-0]" not in (run / "logs" / "actor-0.log").read_text()  # the file holds the role's own lines
-
-
 @pytest.fixture
 def two_nodes(monkeypatch):
     """A Ray cluster of two nodes that reach each other over a network only: the head in this machine's
@@ -165,43 +109,64 @@ def two_nodes(monkeypatch):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
 
 
-def test_ray_places_the_roles_on_two_hosts_that_meet_over_a_network(warm_model_dir, tmp_path, two_nodes):
+def test_ray_places_the_roles_on_two_hosts_and_restarts_a_killed_actor(warm_model_dir, tmp_path, two_nodes):
     """The learner on the head (Ray resource `learner_node`), both actors on the other node (`actor_node`):
     the actors reach the learner's sockets (CURVE, as off loopback it must be), weight group and store over
-    the veth link, by the learner's address; both work, the job trains on and stops cleanly (SIGTERM, a
-    checkpoint), with every group accounted for."""
+    the veth link, by the learner's address. Once both work, actor-0's Ray host is SIGKILLed by pid: Ray
+    restarts it on its node, the new incarnation rejoins, gets the current weights and its groups are trained;
+    the job stops cleanly (SIGTERM, a checkpoint), with every group accounted for."""
     from transport.security import generate
 
     address, head_ip, node_ip = two_nodes
     run = tmp_path / "run"
     keys = generate(tmp_path / "keys", ["actor-0", "actor-1"], ["admin"])  # off loopback, CURVE is required
+    # Ray's own processes share the 2 cores too: a 10 s heartbeat timeout keeps a busy actor from being evicted
     cfg = job(warm_model_dir, run, steps=100_000, actors=2, **{
         "transport.heartbeat_timeout_s": 10.0, "transport.host": head_ip, "transport.curve": True,
         "transport.keys_dir": str(keys), **job_ports(head_ip),
         "run.ray_learner_resources": {"learner_node": 1}, "run.ray_actor_resources": {"actor_node": 1}})
     la = RayLauncher(cfg, address, quiet=True)
+    state: dict = {}
     try:
         la.start()
-        end, both = time.monotonic() + 600, None
-        while la.procs["learner"].poll() is None:  # until both actors work and the job trains 3 steps more
-            assert time.monotonic() < end, (f"the job did not get there: {steps_done(run)} steps, both at {both}; "
+        assert la.placement.learner == [] and set(la.procs) == {"learner", "actor-0", "actor-1"}
+        for p in la.procs.values():  # Ray's workers run at nice 15; the roles at the node's normal priority
+            p.poll()
+            assert os.getpriority(os.PRIO_PROCESS, p.pid) == 0, p.name
+        end = time.monotonic() + 900
+        while la.procs["learner"].poll() is None:  # both work; one is killed; its replacement works, 3 steps more
+            assert time.monotonic() < end, (f"the job did not get there: {steps_done(run)} steps, {state}; "
                                             f"grants {[len(granted_to(run, a)) for a in ('actor-0', 'actor-1')]}\n"
                                             + "\n".join(f"{f.name}: {f.read_text()[-1500:]}"
                                                         for f in sorted((run / "logs").glob("*.log"))))
             la._supervise_actors()
-            if both is None and working(run, "actor-0") and working(run, "actor-1"):
-                both = steps_done(run)
-            if both is not None and steps_done(run) >= both + 3:
-                break
+            incs = {r["incarnation"] for r in granted_to(run, "actor-0")}
+            if "both" not in state and working(run, "actor-0") and working(run, "actor-1"):
+                state["both"] = steps_done(run)
+                state["nodes"] = {name: p.node_ip for name, p in la.procs.items()}
+            elif "both" in state and "killed" not in state and steps_done(run) >= state["both"] + 1:
+                state["host"] = la.procs["actor-0"].host_pid
+                os.kill(state["host"], signal.SIGKILL)  # the Ray actor itself, by pid
+                state["killed"] = steps_done(run)
+            elif "killed" in state and len(incs) > 1:
+                state.setdefault("second", steps_done(run))
+                if steps_done(run) >= state["second"] + 3:
+                    break  # the replacement works and the job trained on
             time.sleep(0.5)
         nodes = {name: p.node_ip for name, p in la.procs.items()}
     finally:
         la.stop()
         la.close()
     assert la.procs["learner"].returncode == 0, (run / "logs" / "learner.log").read_text()[-3000:]
-    assert nodes == {"learner": head_ip, "actor-0": node_ip, "actor-1": node_ip}
-    assert la.restarts == 0 and steps_done(run) >= both + 3
-    check(account(run), steps_done(run))  # every trained prompt once, every granted one trained, dropped or given back
+    placed = {"learner": head_ip, "actor-0": node_ip, "actor-1": node_ip}
+    assert state["nodes"] == placed and nodes == placed, (state, nodes)  # the replacement on the actors' node
+    assert la.restarts == 1 and la.procs["actor-0"].host_pid != state["host"], state
+    acc = account(run)
+    check(acc, steps_done(run))  # every trained prompt once, every granted one trained, dropped or given back
+    grants = granted_to(run, "actor-0")
+    new = {pid for r in grants if r["incarnation"] != grants[0]["incarnation"] for pid in r["granted"]}
+    assert new & set(acc.trained), "the restarted actor's groups were never trained"
+    assert "[actor-0]" not in (run / "logs" / "actor-0.log").read_text()  # the file holds the role's own lines
     # the two actors share a node: each engine bound to its own share of its cores, not both to vLLM's first core
     cores = {a: re.findall(r"core ids=(\[[\d, ]*\])", (run / "logs" / f"{a}.log").read_text())
              for a in ("actor-0", "actor-1")}
