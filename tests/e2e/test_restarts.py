@@ -1,6 +1,6 @@
 """Restarts after SIGKILL, with real processes (`brorl` roles, vLLM CPU engines, ZeroMQ, gloo), killed by pid:
-the only actor (the launcher starts a replacement); the learner (`brorl run` restarts it from its checkpoint
-while its actor keeps running);
+the only actor (the launcher starts a replacement), then in the same job the learner (`brorl run` restarts it
+from its checkpoint while its actor keeps running);
 `brorl run` itself (its children go with it; SIGTERM to it: tests/e2e/test_run.py). Each checks from the ledger
 that no prompt was trained twice and that every granted prompt is accounted for. One actor of two:
 tests/e2e/test_faults.py (a file of its own so that the two run on different test workers)."""
@@ -16,42 +16,34 @@ import pytest
 from config.loader import to_toml
 from learner.ledger import account, check
 from learner.metrics import read
-from tests.support.faults import ROOT, alive, brorl_run_process, job, run_launcher, steps_done, tree, wait_for
+from tests.support.faults import ROOT, alive, brorl_run_process, granted_to, job, steps_done, tree, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def test_sigkill_of_the_only_actor_training_resumes_with_the_replacement(warm_model_dir, tmp_path):
-    cfg = job(warm_model_dir, tmp_path, steps=8)
-    state = {}
-
-    def during(la):
-        if "killed" not in state and steps_done(tmp_path) >= 3:
-            os.kill(la.procs["actor-0"].pid, signal.SIGKILL)
-            state["killed"] = True
-
-    la = run_launcher(cfg, during)
-    assert la.restarts == 1
-    acc = account(tmp_path)
-    check(acc, 8, per_step=4)
-    restarted = [r for r in acc.returned if r["reason"] in ("restarted", "evicted")]
-    assert restarted, "the dead incarnation's prompts never went back to the queue"
-
-
-def test_sigkill_of_the_learner_brorl_run_restarts_it_from_its_checkpoint(warm_model_dir, tmp_path):
-    """`kill -9` of the learner by pid under `brorl run`: the launcher says so and restarts it from its last
-    checkpoint (`brorl learner --resume`) while the actor, left running, serves both learners; the job
-    finishes its steps with no prompt trained twice."""
+def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_model_dir, tmp_path):
+    """`kill -9` by pid under `brorl run`, one job: first of the only actor (the launcher starts a replacement;
+    the dead incarnation's prompts go back to the queue), then, once the replacement works, of the learner (the
+    launcher says so and restarts it from its last checkpoint, `brorl learner --resume`, while the replacement,
+    left running, serves both learners); the job finishes its steps with no prompt trained twice."""
     import json
 
     import psutil
 
-    cfg = job(warm_model_dir, tmp_path, steps=4, **{"run.learner_restart_backoff_s": 0.0})
+    cfg = job(warm_model_dir, tmp_path, steps=8, **{"run.learner_restart_backoff_s": 0.0})
     run = brorl_run_process(cfg, tmp_path)
+    role = lambda name: next(c for c in psutil.Process(run.pid).children() if name in c.cmdline())  # noqa: E731
     try:
+        wait_for(lambda: steps_done(tmp_path) >= 3, 300, "no step 3")
+        actor = role("actor")
+        actor.send_signal(signal.SIGKILL)
+        actor.wait(30)
+        killed = steps_done(tmp_path)
         ckpt = tmp_path / "checkpoints" / "latest"
-        wait_for(ckpt.exists, 300, "no first checkpoint")
-        learner = next(c for c in psutil.Process(run.pid).children() if "learner" in c.cmdline())
+        incarnations = lambda: {r["incarnation"] for r in granted_to(tmp_path, "actor-0")}  # noqa: E731
+        wait_for(lambda: len(incarnations()) > 1 and steps_done(tmp_path) >= killed + 1
+                 and int(ckpt.read_text().split("-")[1]) > killed, 300, "the replacement actor never trained")
+        learner = role("learner")
         learner.send_signal(signal.SIGKILL)
         learner.wait(30)
         # the last step the killed learner completed: a step's checkpoint is written before its metrics row
@@ -63,13 +55,15 @@ def test_sigkill_of_the_learner_brorl_run_restarts_it_from_its_checkpoint(warm_m
     out = (tmp_path / "run.log").read_text()
     assert "learner died (signal 9); restarting from checkpoint step" in out and "(restart 1 of 3)" in out, out[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["learner_restarts"] == 1 and summary["actor_restarts"] == 0 and summary["steps"] == 4
-    assert "learner restarted" in (tmp_path / "logs" / "actor-0.log").read_text()  # the same actor re-synced
+    assert summary["learner_restarts"] == 1 and summary["actor_restarts"] == 1 and summary["steps"] == 8, summary
+    assert "learner restarted" in (tmp_path / "logs" / "actor-0.log").read_text()  # the replacement re-synced
     acc = account(tmp_path)
     assert len(acc.starts) == 2 and 2 <= acc.starts[1] <= killed_at
-    check(acc, 4, per_step=4)
+    check(acc, 8, per_step=4)
+    restarted = [r for r in acc.returned if r["reason"] in ("restarted", "evicted")]
+    assert restarted, "the dead incarnation's prompts never went back to the queue"
     rows = read(tmp_path / "metrics.jsonl")
-    assert rows[-1]["step"] == 4 and rows[-1]["version"] == 4
+    assert rows[-1]["step"] == 8 and rows[-1]["version"] == 8
 
 
 def test_an_actor_killed_by_pid_takes_its_engine_with_it(warm_model_dir, tmp_path):
