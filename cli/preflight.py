@@ -29,6 +29,8 @@ class PreflightError(ConfigError):
 
 
 def preflight(cfg, *, cluster: str | None = None):
+    if cluster is None:  # Ray places the roles of a cluster job on its nodes' GPUs
+        _placement(cfg)
     loaded = _data(cfg)
     tok = _model(cfg)
     if tok is not None:
@@ -41,6 +43,17 @@ def preflight(cfg, *, cluster: str | None = None):
 
 def _fail(msg: str):
     raise PreflightError("pre-flight: " + " ".join(msg.split()))  # one line, whatever the cause's text holds
+
+
+def _placement(cfg) -> None:
+    """This host's GPUs against the job's placement (the launcher places it again as it starts the roles)."""
+    from cli.launcher import placed
+    from config.loader import ConfigError
+
+    try:
+        placed(cfg)
+    except ConfigError as e:
+        _fail(str(e))
 
 
 def _sample(src):

@@ -220,7 +220,8 @@ MISTAKES = [
                                            "--transport.rollout_port", "7001", "--transport.control_port", "7001"],
      ["transport.rollout_port and transport.control_port are both 7001"]),
     ("a run folder that is a file", lambda c: ["--data.train", str(c.data["openrlhf"]), *FREE_PORTS,
-                                               "--run.run_dir", _mine(c, "mine.txt", "x")], ["a file, not a folder"]),
+                                               "--run.run_dir", _mine(c, "mine.txt", "x")], ["a file, not a folder"]),    ("a GPU job on a machine without one", lambda c: ["--data.train", str(c.data["openrlhf"]), "--learner.device", "cuda"],
+     ["GPU placement", "this host shows no GPU"]),
 ]
 
 
