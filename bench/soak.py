@@ -343,6 +343,9 @@ def finish(run_dir: Path, t0: float, t_end: float, args: dict, kills: list, even
 
     rows = read(run_dir / "metrics.jsonl")
     acc = account(run_dir)
+    if rc is None:  # cut short: no end-of-run record; what was granted and not yet settled was pending at the cut
+        acc.end_pending = sorted(set(acc.end_pending) | (set(acc.granted) - acc.void - set(acc.trained)
+                                                         - set(acc.dropped)))
     ledger_ok, ledger_error = True, ""
     try:
         check(acc, rows[-1]["step"])
