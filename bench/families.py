@@ -313,7 +313,6 @@ def cycle_family(name: str, workdir: str | Path, seed: int = 0, tokenizer=None) 
         row.update(rec)
         row["reason"] = check_cycle(rec)
         row["passed"] = row["reason"] is None
-        phase = "check"
     except Exception as e:  # a phase that fails is the family's finding: the reason, then the next family
         traceback.print_exc()
         row["reason"] = f"{phase}: {_phase_error(e)}"
