@@ -87,13 +87,15 @@ def run_isolated(module: str, args: list[str], timeout: float = 1800, env: dict 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout: float = 3600) -> dict:
-    """Run `brorl run --no-eval` (every role, as processes) into `run_dir`; returns its metrics rows,
-    held-out rows (run.eval_interval), summary and wall seconds. Raises with the log tail on failure."""
+def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout: float = 3600,
+              resume: bool = False) -> dict:
+    """Run `brorl run --no-eval` (every role, as processes) into `run_dir` (emptied first; `resume`: kept, and
+    the run continues from its latest checkpoint); returns its metrics rows, held-out rows (run.eval_interval),
+    summary and wall seconds. Raises with the log tail on failure."""
     import shutil
 
     run_dir = Path(run_dir)
-    if run_dir.exists():
+    if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)
     if not any(k.endswith("_port") for k in overrides):  # not the defaults: another job may hold them
         from transport.ports import free_ports
@@ -103,7 +105,8 @@ def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout:
                      "transport.control_port": base + 2}
     args = [f"--{k}={v}" for k, v in {**overrides, "run.run_dir": str(run_dir)}.items()]
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "cli", "run", "--config", preset, "--no-eval", *args],
+    out = subprocess.run([sys.executable, "-m", "cli", "run", "--config", preset, "--no-eval",
+                          *(["--resume"] if resume else []), *args],
                          capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
     wall = time.monotonic() - t0
     if out.returncode != 0:

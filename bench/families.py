@@ -8,6 +8,13 @@ learner's code (`learner.logprobs`) under the same weights. Reports the per-toke
 and max over tokens, exact over the vocabulary), the largest |Δ log-prob| of a sampled token, and for a
 mixture of experts the share of (token, layer) top-k expert choices on which the learner's router agrees
 with the experts vLLM routed the token to. Prints a table and writes bench/results/families.json.
+
+`python -m bench.families --cycle [NAME ...]` — each family through the real loop instead: `brorl run` on the
+tiny-cpu preset with the family's tiny model for 3 steps (a checkpoint at step 3), `brorl eval` on that run's
+checkpoint, then `brorl run --resume` to step 5; the run must continue from step 3 (metrics steps 1..5 once
+each, versions = steps, the prompt ledger consistent, a checkpoint at step 5). Prints a table and writes
+bench/results/families_cycle.json (per family: passed or the one-line reason, each phase's seconds, the
+steps, eval's pass@1).
 """
 
 from __future__ import annotations
@@ -209,6 +216,115 @@ def _router_agreement(llm, model, P, C) -> dict:
     return {"router_agreement": agree / total, "routed_pairs": total}
 
 
+CYCLE_STEPS, RESUME_STEPS = 3, 5
+EVAL_PROMPTS, EVAL_K = 8, 4
+CYCLE_JOB = {"job.prompts_per_step": 4, "job.n_samples": 8, "actor.prompts_per_request": 4,
+             "actor.max_model_len": 64, "actor.max_num_seqs": 32, "actor.kv_cache_gib": 0.01,
+             "actor.enforce_eager": True, "run.eval_interval": 0}
+"""The cycle's job on the tiny-cpu preset: a few small groups a step, a small engine, no held-out estimate."""
+
+
+def check_cycle(rec: dict) -> str | None:
+    """What is wrong with one family's cycle record (None: nothing), in one line. `rec`: "first_steps" (the
+    metrics steps after the first run), "first_checkpoints" (its checkpoint steps), "eval" (`brorl eval`'s
+    result), "steps" and "versions" (the metrics after the resume), "final_checkpoints", "ledger_error"."""
+    first = list(range(1, CYCLE_STEPS + 1))
+    if rec["first_steps"] != first:
+        return f"the first run logged steps {rec['first_steps']}, not {first}"
+    if CYCLE_STEPS not in rec["first_checkpoints"]:
+        return f"no checkpoint at step {CYCLE_STEPS} (checkpoints: {rec['first_checkpoints']})"
+    ev = rec["eval"]
+    p1 = ev.get("pass_at_1")
+    if ev.get("prompts") != EVAL_PROMPTS or ev.get("k") != EVAL_K or not isinstance(p1, (int, float)) or not 0 <= p1 <= 1:
+        return f"brorl eval gave {ev.get('prompts')} prompts × k = {ev.get('k')}, pass@1 {ev.get('pass_at_1')}"
+    want = list(range(1, RESUME_STEPS + 1))
+    if rec["steps"] != want:  # a resume from scratch repeats 1..3; one that lost its place skips or repeats
+        return f"after the resume the metrics have steps {rec['steps']}, not {want}"
+    if rec["versions"] != want:
+        return f"after the resume the versions are {rec['versions']}, not the steps {want}"
+    if RESUME_STEPS not in rec["final_checkpoints"]:
+        return f"no checkpoint at step {RESUME_STEPS} after the resume (checkpoints: {rec['final_checkpoints']})"
+    if rec.get("ledger_error"):
+        return f"prompt ledger: {rec['ledger_error']}"
+    return None
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.name.removeprefix("step-")) for p in (run_dir / "checkpoints").glob("step-*"))
+
+
+def _phase_error(e: Exception) -> str:
+    """An exception as one line: its first line, or the last line that names an error in a log tail."""
+    text = f"{type(e).__name__}: {e}"
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    named = [l for l in lines if "Error" in l or "error" in l or "brorl " in l]
+    return (named[-1] if len(lines) > 1 and named else lines[0])[:300]
+
+
+def cycle_family(name: str, workdir: str | Path, seed: int = 0, tokenizer=None) -> dict:
+    """One family through `brorl run` (3 steps), `brorl eval` on its checkpoint and `brorl run --resume` (to step
+    5); returns its row (see module doc). A failing phase ends the family's cycle with its reason."""
+    import json
+    import subprocess
+
+    from bench.common import brorl_run
+    from learner.ledger import LedgerError, account, check
+    from learner.metrics import read
+    from tinymodel.families import build_family
+
+    row: dict = {"family": name, "passed": False}
+    work = Path(workdir) / name
+    run_dir = work / "run"
+    phase = "build"
+    try:
+        t = time.perf_counter()
+        path = build_family(name, work / "model", seed=seed, tokenizer=tokenizer)
+        row["build_s"] = round(time.perf_counter() - t, 1)
+        over = {"model.path": str(path), "learner.steps": CYCLE_STEPS, "learner.checkpoint_interval": CYCLE_STEPS,
+                "run.seed": seed, **CYCLE_JOB}
+        phase = "run"
+        res = brorl_run(run_dir, over)
+        row["run_s"] = round(res["wall_s"], 1)
+        rec = {"first_steps": [r["step"] for r in res["metrics"]], "first_checkpoints": _checkpoint_steps(run_dir)}
+
+        phase = "eval"
+        out = work / "eval.json"
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "cli", "eval", "--checkpoint", str(run_dir), "--k", str(EVAL_K),
+                            "--out", str(out), "--run.eval_prompts", str(EVAL_PROMPTS)], capture_output=True, text=True,
+                           timeout=1800, cwd=Path(__file__).resolve().parents[1])
+        row["eval_s"] = round(time.perf_counter() - t, 1)
+        if p.returncode != 0:
+            raise RuntimeError(f"brorl eval failed ({p.returncode}):\n{p.stderr[-1500:]}")
+        ev = json.loads(out.read_text())
+        rec["eval"] = {k: ev.get(k) for k in ("prompts", "k", "pass_at_1", f"pass_at_{EVAL_K}")}
+        row.update(eval_pass_at_1=ev["pass_at_1"], eval_model=Path(ev["model"]).parent.name)
+
+        phase = "resume"
+        res = brorl_run(run_dir, {**over, "learner.steps": RESUME_STEPS}, resume=True)
+        row["resume_s"] = round(res["wall_s"], 1)
+        rec.update(steps=[r["step"] for r in res["metrics"]], versions=[r["version"] for r in res["metrics"]],
+                   final_checkpoints=_checkpoint_steps(run_dir))
+        rec["ledger_error"] = None
+        try:
+            check(account(run_dir), RESUME_STEPS)
+        except LedgerError as e:
+            rec["ledger_error"] = str(e)
+        row.update(rec)
+        row["reason"] = check_cycle(rec)
+        row["passed"] = row["reason"] is None
+    except Exception as e:  # a phase that fails is the family's finding: the reason, then the next family
+        traceback.print_exc()
+        row["reason"] = f"{phase}: {_phase_error(e)}"
+        if run_dir.exists():
+            row["metrics_steps"] = [r["step"] for r in read(run_dir / "metrics.jsonl")] \
+                if (run_dir / "metrics.jsonl").exists() else []
+    return row
+
+
+CYCLE_COLS = ["family", "passed", "build_s", "run_s", "first_steps", "first_checkpoints", "eval_s",
+              "eval_pass_at_1", "resume_s", "steps", "final_checkpoints", "reason"]
+
 COLS = ["family", "passed", "tokens", "kl_mean", "kl_max", "max_abs_dlogp", "kl_before_update", "kl_max_at_load",
         "router_agreement", "router_agreement_at_load", "total_s"]
 
@@ -220,8 +336,15 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m bench.families", description=__doc__.splitlines()[0])
     ap.add_argument("families", nargs="*", default=list(FAMILIES), help=f"of {', '.join(FAMILIES)} (default: all)")
+    ap.add_argument("--cycle", action="store_true", help="each family through brorl run (3 steps), brorl eval and "
+                    "brorl run --resume (to step 5) instead of the weight-path check")
     args = ap.parse_args(argv)
+    unknown = [f for f in args.families if f not in FAMILIES]
+    if unknown:
+        ap.error(f"unknown model family {', '.join(unknown)}: choose of {', '.join(FAMILIES)}")
     tok = train_tokenizer(0, TinyModelSpec())
+    if args.cycle:
+        sys.exit(_cycle_main(args.families, tok))
     rows = []
     with tempfile.TemporaryDirectory(prefix="brorl-families-") as d:
         for name in args.families:
@@ -238,6 +361,31 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{r['family']}: {r['error']}")
     print(f"wrote {write_json('families', {'kl_max_allowed': KL_MAX, 'rows': rows})}")
     sys.exit(0 if all(r["passed"] for r in rows) else 1)
+
+
+def _cycle_main(families: list[str], tok) -> int:
+    from bench.common import table, write_json
+    from tinymodel.families import FAMILIES
+
+    cmd = "python -m bench.families --cycle" + ("" if families == list(FAMILIES) else " " + " ".join(families))
+    head = {"command": cmd, "steps": CYCLE_STEPS, "resume_steps": RESUME_STEPS, "eval_prompts": EVAL_PROMPTS,
+            "eval_k": EVAL_K, "job": CYCLE_JOB}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="brorl-families-cycle-") as d:
+        for name in families:
+            t = time.perf_counter()
+            row = cycle_family(name, d, tokenizer=tok)
+            rows.append({**row, "total_s": round(time.perf_counter() - t, 1), "features": FAMILIES[name][1]})
+            print(rows[-1], flush=True)
+            # after each family: a run cut short keeps the families it finished
+            write_json("families_cycle", {**head, "families_left": families[len(rows):], "rows": rows})
+    cols = CYCLE_COLS[:-1] + ["total_s"]
+    print(table([{k: (" ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()} for r in rows], cols))
+    for r in rows:
+        if r["reason"]:
+            print(f"{r['family']}: {r['reason']}")
+    print(f"wrote {write_json('families_cycle', {**head, 'families_left': [], 'rows': rows})}")
+    return 0 if all(r["passed"] for r in rows) else 1
 
 
 if __name__ == "__main__":

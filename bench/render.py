@@ -27,7 +27,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PAGES = ROOT / "docs" / "benchmarks"
-OTHER_PAGES = [ROOT / "docs" / "fleet-simulator.md"]
+OTHER_PAGES = [ROOT / "docs" / "fleet-simulator.md", ROOT / "docs" / "models.md"]
 """Pages outside docs/benchmarks with rendered tables."""
 BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /rendered -->)", re.S)
 
@@ -405,6 +405,33 @@ def _one_gpu(runs: list[dict]) -> Table:
             "llrrrrrrrrrr", rows)
 
 
+FAMILY_NAMES = {"llama3": "Llama 3", "qwen2.5": "Qwen2.5", "qwen3": "Qwen3", "qwen3-moe": "Qwen3-MoE",
+                "gemma3": "Gemma 3", "mistral": "Mistral", "phi3": "Phi-3"}
+
+
+def _families_cycle(d: dict) -> Table:
+    """bench.families --cycle: each family through brorl run, brorl eval on its checkpoint and the resume."""
+    def steps(xs: list | None) -> str:
+        run = len(xs) > 2 and xs == list(range(xs[0], xs[-1] + 1))
+        return "–" if not xs else f"{xs[0]}–{xs[-1]}" if run else ", ".join(map(str, xs))
+
+    def s(r: dict, key: str) -> str:
+        return f"{r[key]:.0f}" if r.get(key) is not None else "–"
+
+    rows = []
+    for r in d["rows"]:
+        rows.append([FAMILY_NAMES.get(r["family"], r["family"]), "yes" if r["passed"] else "**no**",
+                     steps(r.get("first_steps")), steps(r.get("first_checkpoints")),
+                     pct(r["eval_pass_at_1"], 1) if r.get("eval_pass_at_1") is not None else "–",
+                     steps(r.get("steps")), steps(r.get("final_checkpoints")),
+                     " / ".join(s(r, k) for k in ("run_s", "eval_s", "resume_s")), r.get("reason") or ""])
+    for f in d.get("families_left", []):  # a run cut short: the families it did not reach
+        rows.append([FAMILY_NAMES.get(f, f), "not run", *["–"] * 6, ""])
+    return (["family", "passes", "`brorl run`: steps", "checkpoints", f"`brorl eval` pass@1 ({d['eval_prompts']} "
+             f"prompts, k = {d['eval_k']})", "after `--resume`: steps", "checkpoints", "seconds: run / eval / resume",
+             "why not"], "llllrllrl", rows)
+
+
 TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "agreement": ("agreement.json", _agreement),
     "transport": ("transport.json", _transport),
@@ -431,6 +458,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "learner-gpu-shared": ("learner_gpu.json", _learner_shared),
     "fleet-gpu": ("fleet.json", _fleet_gpu),
     "peers-h200": ("peers_h200.json", _peers),
+    "families-cycle": ("families_cycle.json", _families_cycle),
     "one-gpu-h200": (("e2e_h200share_16.json", "e2e_h200share_512.json"), _one_gpu),
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""

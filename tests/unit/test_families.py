@@ -34,3 +34,22 @@ def test_each_family_keeps_its_features(built):
 def test_an_unknown_family_is_refused_with_the_choices(tmp_path):
     with pytest.raises(ValueError, match="unknown model family 'llama2'.*qwen3-moe"):
         build_family("llama2", tmp_path)
+
+
+def test_the_cycle_check_passes_a_resume_from_step_3_and_names_what_went_wrong():
+    """`bench.families --cycle`'s verdict on a family's run → eval → resume record."""
+    from bench.families import check_cycle
+
+    ok = {"first_steps": [1, 2, 3], "first_checkpoints": [3], "eval": {"prompts": 8, "k": 4, "pass_at_1": 0.25},
+          "steps": [1, 2, 3, 4, 5], "versions": [1, 2, 3, 4, 5], "final_checkpoints": [3, 5], "ledger_error": None}
+    assert check_cycle(ok) is None
+    bad = {  # each: one field of a broken cycle -> the words its reason must hold
+        "first_checkpoints": ([], "no checkpoint at step 3"),
+        "steps": ([1, 2, 3, 1, 2, 3, 4, 5], "steps [1, 2, 3, 1, 2, 3, 4, 5], not [1, 2, 3, 4, 5]"),  # retrained
+        "versions": ([1, 2, 3, 1, 2], "versions are [1, 2, 3, 1, 2]"),
+        "eval": ({"prompts": 8, "k": 4, "pass_at_1": None}, "brorl eval gave 8 prompts"),
+        "final_checkpoints": ([3], "no checkpoint at step 5"),
+        "ledger_error": ("prompt 7 trained twice", "prompt ledger: prompt 7 trained twice"),
+    }
+    for key, (value, words) in bad.items():
+        assert words in check_cycle({**ok, key: value}), key
