@@ -250,6 +250,8 @@ def main() -> None:
     a.overrides = overrides(a.set)  # parsed once, before any engine starts
     if a.raw_from and not Path(a.raw_from).is_file():
         ap.error(f"--raw-from {a.raw_from}: no such result file; run the raw engine first (a run without it)")
+    if a.share_gpu and a.learner_gpus != 1:
+        ap.error("--share-gpu puts the learner and the actor on GPU 0: --learner-gpus must be 1")
     if a.share_gpu:
         a.overrides = {**SHARE_GPU, **a.overrides}
     gpu = a.shape != "small"
@@ -273,7 +275,7 @@ def main() -> None:
         raws[n] = {"n": n, **raw(preset, over, a.raw_steps * over["job.prompts_per_step"],
                                  min(1, gpus - 1) if gpu else None)}  # an actor's GPU (GPU 0 on a one-GPU machine)
         print(f"raw engine, N = {n}: {raws[n]['samples_per_s']:.1f} samples/s", file=sys.stderr)
-    runs, side_by_side = [], gpu and gpus >= 2 * (a.learner_gpus + 1)
+    runs, side_by_side = [], gpu and not a.share_gpu and gpus >= 2 * (a.learner_gpus + 1)  # shared: GPU 0 only
     todo = list(cases)
     while todo:
         batch = [todo.pop(0)]
@@ -311,7 +313,8 @@ def main() -> None:
 
 
 def parse_cases(text: str, error) -> list[tuple[int, int, str, str]]:
-    """`--cases`: ACTORS:N:keep|finish[:corun|timeshare], comma-separated ("": the config's actor.share_gpu)."""
+    """`--cases`: ACTORS:N:keep|finish[:corun|timeshare], comma-separated ("": the config's actor.share_gpu;
+    `--share-gpu`'s is corun)."""
     out = []
     for c in text.split(","):
         f = c.split(":")

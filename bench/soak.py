@@ -246,9 +246,11 @@ def main() -> int:
             now = time.time()
             if now - saved >= 600:  # a soak killed from outside still leaves its record (`--finish`)
                 saved = now
-                raw_file.write_text(json.dumps({"run_dir": str(run_dir), "t0": t0, "t_last": now, "command": command,
-                                                "args": {"checkpoint_interval": args.checkpoint_interval},
-                                                "kills": kills, "events": events, "samples": samples}))
+                part = raw_file.with_suffix(".part")  # whole or not at all, should the kill come mid-write
+                part.write_text(json.dumps({"run_dir": str(run_dir), "t0": t0, "t_last": now, "command": command,
+                                            "args": {"checkpoint_interval": args.checkpoint_interval},
+                                            "kills": kills, "events": events, "samples": samples}))
+                os.replace(part, raw_file)
             r = roles(proc.pid)
             samples.append({"t": now - t0, **{k: rss_mb(v) for k, v in r.items()},
                             "pids": {k: v[0].pid for k, v in r.items()}, "disk": disk_mb(run_dir)})
@@ -344,11 +346,12 @@ def finish(run_dir: Path, t0: float, t_end: float, args: dict, kills: list, even
     rows = read(run_dir / "metrics.jsonl")
     acc = account(run_dir)
     if rc is None:  # cut short: no end-of-run record; what was granted and not yet settled was pending at the cut
+        # (so a cut job's ledger can show prompts trained twice or regranted, never prompts lost)
         acc.end_pending = sorted(set(acc.end_pending) | (set(acc.granted) - acc.void - set(acc.trained)
                                                          - set(acc.dropped)))
     ledger_ok, ledger_error = True, ""
-    try:
-        check(acc, rows[-1]["step"])
+    try:  # a cut may fall between a step's ledger row and its metrics row: the ledger's own last step then
+        check(acc, rows[-1]["step"] if rc is not None or not acc.steps else acc.steps[-1])
     except AssertionError as e:
         ledger_ok, ledger_error = False, str(e)[:500]
     launcher_log = (run_dir.parent / "soak-launcher.log").read_text(errors="replace")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from cli.common import add_config_arg, load
 
@@ -44,6 +45,10 @@ def main(args: argparse.Namespace, overrides: list[str]) -> int:
     from tinymodel import ensure_model
 
     if args.one_gpu:
+        if args.cluster:
+            print("brorl: --one-gpu shares this machine's GPU 0 between the learner and an actor; with --cluster Ray "
+                  "places them apart: give one of the two", file=sys.stderr)
+            return 2
         overrides = one_gpu(overrides)
     cfg = preflight(load(args, overrides), cluster=args.cluster)  # before any role starts
     ensure_model(cfg, log=lambda m: print(m, flush=True))

@@ -148,16 +148,20 @@ def test_ray_places_the_roles_on_two_hosts_and_restarts_a_killed_actor(warm_mode
                 state["host"] = la.procs["actor-0"].host_pid
                 os.kill(state["host"], signal.SIGKILL)  # the Ray actor itself, by pid
                 state["killed"] = steps_done(run)
-            elif "killed" in state and len(incs) > 1:
-                state.setdefault("second", steps_done(run))
-                if steps_done(run) >= state["second"] + 3:
-                    break  # the replacement works and the job trained on
+            elif "killed" in state and len(incs) > 1 and "second" not in state:
+                grants = granted_to(run, "actor-0")  # actor-1 trains on meanwhile: wait for the replacement's own
+                new = {pid for r in grants if r["incarnation"] != grants[0]["incarnation"] for pid in r["granted"]}
+                if new & set(account(run).trained):
+                    state["second"] = steps_done(run)
+            elif "second" in state and steps_done(run) >= state["second"] + 3:
+                break  # the replacement's groups trained and the job trained on
             time.sleep(0.5)
         nodes = {name: p.node_ip for name, p in la.procs.items()}
     finally:
         la.stop()
         la.close()
     assert la.procs["learner"].returncode == 0, (run / "logs" / "learner.log").read_text()[-3000:]
+    assert "second" in state, f"the learner ended before the replacement trained: {state}"
     placed = {"learner": head_ip, "actor-0": node_ip, "actor-1": node_ip}
     assert state["nodes"] == placed and nodes == placed, (state, nodes)  # the replacement on the actors' node
     assert la.restarts == 1 and la.procs["actor-0"].host_pid != state["host"], state

@@ -30,15 +30,24 @@ def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_mod
 
     import psutil
 
-    cfg = job(warm_model_dir, tmp_path, steps=8, **{"run.learner_restart_backoff_s": 0.0})
+    # 10 steps: the learner is killed after a checkpoint past the actor's kill (every 2 steps), never its last
+    cfg = job(warm_model_dir, tmp_path, steps=10, **{"run.learner_restart_backoff_s": 0.0})
     run = brorl_run_process(cfg, tmp_path)
-    role = lambda name: next(c for c in psutil.Process(run.pid).children() if name in c.cmdline())  # noqa: E731
+
+    def child(name):  # the role's process under `brorl run` (its whole word on the command line), None meanwhile
+        try:
+            return next((c for c in psutil.Process(run.pid).children() if name in c.cmdline()), None)
+        except psutil.Error:
+            return None
+
+    role = lambda name: wait_for(lambda: child(name), 30, f"no {name} under brorl run")  # noqa: E731
     try:
         wait_for(lambda: steps_done(tmp_path) >= 3, 600, "no step 3")  # engines start slowly on a loaded host
         actor = role("actor")
         actor.send_signal(signal.SIGKILL)
         actor.wait(30)
         killed = steps_done(tmp_path)
+        assert killed <= 6, f"the actor's kill came at step {killed}: no checkpoint left before the job's end"
         ckpt = tmp_path / "checkpoints" / "latest"
         incarnations = lambda: {r["incarnation"] for r in granted_to(tmp_path, "actor-0")}  # noqa: E731
         wait_for(lambda: len(incarnations()) > 1 and steps_done(tmp_path) >= killed + 1
@@ -55,15 +64,15 @@ def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_mod
     out = (tmp_path / "run.log").read_text()
     assert "learner died (signal 9); restarting from checkpoint step" in out and "(restart 1 of 3)" in out, out[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["learner_restarts"] == 1 and summary["actor_restarts"] == 1 and summary["steps"] == 8, summary
+    assert summary["learner_restarts"] == 1 and summary["actor_restarts"] == 1 and summary["steps"] == 10, summary
     assert "learner restarted" in (tmp_path / "logs" / "actor-0.log").read_text()  # the replacement re-synced
     acc = account(tmp_path)
     assert len(acc.starts) == 2 and 2 <= acc.starts[1] <= killed_at
-    check(acc, 8, per_step=4)
+    check(acc, 10, per_step=4)
     restarted = [r for r in acc.returned if r["reason"] in ("restarted", "evicted")]
     assert restarted, "the dead incarnation's prompts never went back to the queue"
     rows = read(tmp_path / "metrics.jsonl")
-    assert rows[-1]["step"] == 8 and rows[-1]["version"] == 8
+    assert rows[-1]["step"] == 10 and rows[-1]["version"] == 10
 
 
 def test_an_actor_killed_by_pid_takes_its_engine_with_it(warm_model_dir, tmp_path):

@@ -46,8 +46,12 @@ def _digest(paths) -> dict[str, str]:
 @pytest.fixture
 def c(tiny_model_dir, tmp_path, data, capfd, caplog, monkeypatch):
     """The newcomer's console: `c.run(*args)` is `brorl run --no-eval --model.path TINY --run.run_dir RUN
-    *args` in this process; the roles are not started (`c.started` holds the config they would get)."""
+    *args` in this process; the roles are not started (`c.started` holds the config they would get). The
+    newcomer's host shows no GPU, whatever the test host has."""
     import cli.job
+    import cli.launcher
+
+    monkeypatch.setattr(cli.launcher, "visible_gpus", lambda: 0)
 
     started: list = []
     monkeypatch.setattr(cli.job, "run", lambda cfg, **kw: started.append(cfg) or 0)
