@@ -2,8 +2,9 @@
 
     cfg = preflight(cfg, cluster=None)   # cluster: `brorl run --cluster`
 
-In order: the job's GPU placement on this host (not for `--cluster`: Ray places it), the data files (each exists, is readable in a known layout and has a usable row; only the first
-`ROWS_CHECKED` rows of each are read here), the model folder (config.json, a tokenizer that loads, weights),
+In order: the job's GPU placement on this host (not for `--cluster`: Ray places it), the data files (each
+exists, is readable in a known layout and has a usable row; only the first `ROWS_CHECKED` rows of each are
+read here), the model folder (config.json, a tokenizer that loads, weights),
 the first rows of every training file rendered with the model's tokenizer (a file none of whose rows
 renders is refused with the fix), the procedural task when there are no files, the ports (a taken port is
 refused; a port of 0 is replaced by a free one here, so every role is started with the same real ports; the
