@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import multiprocessing as mp
 from dataclasses import dataclass
-
-import psutil
 
 from config.data import DataConfig
 from taskdata import answer_region
 from verifiers.base import VerifierResult
+from verifiers.batch import kill_workers, new_pool
 
 _CACHE: dict[str, object] = {}
 STARTUP_S = 120.0
@@ -75,22 +73,10 @@ class ScoringPool:
         self._pool = self._new_pool()
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
-        return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        return new_pool(self.workers)
 
     def _kill_workers(self) -> None:
-        """SIGKILL every worker and everything it started (a sandbox still being set up, or a process a
-        verifier spawned): nothing is left orphaned to init."""
-        for pid in list(getattr(self._pool, "_processes", None) or {}):
-            try:
-                tree = psutil.Process(pid)
-                tree = [tree, *tree.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for proc in tree:  # the worker first: it can start nothing more
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
+        kill_workers(self._pool)
 
     def _restart(self) -> None:
         old = self._pool

@@ -7,6 +7,7 @@ the GPU machine runs them with `pytest -m gpu`.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import pytest
@@ -18,6 +19,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The test workers and every role they start (learners, actors, DeepSpeed ranks) share the machine's few cores:
 # one OpenMP thread each, where several spinning OpenMP pools per core would slow every test down.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# and each module of the stack compiled to bytecode once, kept for every later process (not ~5 s again in each)
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def _has_cuda() -> bool:

@@ -1,9 +1,13 @@
 """TCP ports and addresses: free ports for a job's sockets and rendezvous stores (outside the kernel's range for
-outgoing connections), and this machine's address on the route to another."""
+outgoing connections and Ray's worker ports), and this machine's address on the route to another."""
 
 from __future__ import annotations
 
 from typing import Iterable
+
+RAY_WORKER_PORTS = range(10002, 20000)
+"""Where Ray's workers listen by default (`ray start --min-worker-port/--max-worker-port`): a port picked there
+while a Ray node runs on the host can be taken by a worker before its owner binds it."""
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -17,7 +21,7 @@ def _ephemeral_range() -> tuple[int, int]:
 
 def free_port(host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> int:
     """A TCP port free on `host` right now (for a rendezvous store or a test's sockets), outside the
-    kernel's ephemeral range and `avoid`.
+    kernel's ephemeral range, Ray's default worker ports and `avoid`.
 
     Outside the ephemeral range because a port from it can be taken, before its owner binds it, by any
     outgoing connection's source port, including a client that retries connecting to that very port
@@ -27,12 +31,13 @@ def free_port(host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> int:
     import socket
 
     lo, hi = _ephemeral_range()
-    spans = [(a, b) for a, b in ((10000, lo - 1), (hi + 1, 65535)) if b - a >= 100] or [(1024, 65535)]
+    first = RAY_WORKER_PORTS[-1] + 1
+    spans = [(a, b) for a, b in ((first, lo - 1), (hi + 1, 65535)) if b - a >= 100] or [(1024, 65535)]
     avoid = set(avoid)
     for _ in range(200):
         a, b = random.choice(spans)
         port = random.randint(a, b)
-        if port in avoid:
+        if port in avoid or port in RAY_WORKER_PORTS:  # (the last span takes in Ray's ports on a wide range)
             continue
         with socket.socket() as s:
             try:
@@ -40,7 +45,8 @@ def free_port(host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> int:
             except OSError:
                 continue
             return port
-    raise OSError(f"no free TCP port on {host} outside the ephemeral range {lo}-{hi}")
+    raise OSError(f"no free TCP port on {host} outside the ephemeral range {lo}-{hi} and Ray's worker ports "
+                  f"{RAY_WORKER_PORTS[0]}-{RAY_WORKER_PORTS[-1]}")
 
 
 def free_ports(count: int, host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> int:

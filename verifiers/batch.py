@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
+import threading
+import time
 
 from verifiers.base import VerifierResult
 
@@ -52,7 +55,7 @@ def score_all(jobs: list[tuple[str, list[str], str]], workers: int = 1,
     if workers == 0:
         return [[VerifierResult(*r) for r in _score_many(*job)] for job in jobs]
     n = sum(len(c) for _, c, _ in jobs)
-    pool = cf.ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=mp.get_context("spawn"))
+    pool = new_pool(max(1, min(workers, len(jobs))))
     pending: set = set()
     try:
         futs = [pool.submit(_score_many, path, list(comps), ref) for path, comps, ref in jobs]
@@ -70,12 +73,42 @@ def score_all(jobs: list[tuple[str, list[str], str]], workers: int = 1,
         return out
     finally:
         if pending:
-            _kill(pool)
+            kill_workers(pool)
         pool.shutdown(wait=not pending, cancel_futures=True)
 
 
-def _kill(pool: cf.ProcessPoolExecutor) -> None:
-    """SIGKILL every worker and what it started (a hung verifier, a sandbox)."""
+def new_pool(workers: int) -> cf.ProcessPoolExecutor:
+    """A pool of `workers` spawned scoring processes (no state of the caller's, e.g. a vLLM engine's, leaks in)
+    that end with the process that started them."""
+    return cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=exit_with_parent)
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """In a pool worker (its initializer): exit, with whatever it started, once the process that started it is gone
+    (also when that happened while the worker was still starting). A parent killed with SIGKILL never shuts its
+    pool down, and its workers, waiting on their call queue, would run on for good (with multiprocessing's
+    resource tracker, which lasts as long as they do). A verifier stuck in C code that holds the GIL keeps the
+    watch from running until it returns."""
+    parent = mp.parent_process().pid  # recorded when the worker was spawned, whenever this runs
+
+    def watch() -> None:
+        while os.getppid() == parent:  # an orphan is re-parented (to init or a subreaper)
+            time.sleep(poll_s)
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):  # a program a verifier ran, a sandbox
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="brorl-parent-watch").start()
+
+
+def kill_workers(pool: cf.ProcessPoolExecutor) -> None:
+    """SIGKILL every worker and everything it started (a hung verifier, a sandbox still being set up, a process
+    a verifier spawned), the worker first so that it can start nothing more: nothing is left orphaned to init."""
     import psutil
 
     for pid in list(getattr(pool, "_processes", None) or {}):

@@ -5,7 +5,8 @@ One actor process (engine start-up costs ~20-40 s, so it is paid once per module
 transport, staleness gating under a learner that runs ahead, verifiers that raise / hang / kill their
 worker, a rejected bad hot swap, a killed engine rebuilt in place, and SIGTERM with no orphan process left.
 Each case brings the actor to the state it needs itself (its own weight push), so a failure in one does
-not hide the next. A second, short run checks N = 32 in adaptive waves.
+not hide the next. Two short runs check N = 32 in adaptive waves; the second ends with SIGKILL of the actor
+by pid, after which its engine and scoring workers must end too.
 """
 
 import asyncio
@@ -253,7 +254,8 @@ async def test_actor_adaptive_groups_of_4_or_32_with_long_tailed_completion_budg
 async def test_actor_adaptive_waves_under_a_step_sample_budget_send_mixed_first_waves_as_groups(tiny_model_dir, tmp_path):
     """`job.step_sample_budget` smaller than one second wave (28 of N = 32 after a first wave of 4): no
     prompt is extended under the version, a mixed first wave is sent as its group of 4, and the actor's
-    heartbeats count the capped waves."""
+    heartbeats count the capped waves. Then the actor is killed by pid (`killed_by_pid_its_engine_ends`, on
+    this actor so that the check costs no engine start of its own)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -267,5 +269,33 @@ async def test_actor_adaptive_waves_under_a_step_sample_budget_send_mixed_first_
         groups = await fl.wait_groups(4, timeout_s=120)
         assert {g.n for g in groups} == {4}
         await fl.wait_heartbeat(lambda h: h.stats.get("capped_waves", 0) >= 1, "a capped second wave counted")
+        await asyncio.to_thread(killed_by_pid_its_engine_ends, proc)
     finally:
         await stop_actor(proc, fl)
+
+
+def killed_by_pid_its_engine_ends(proc: subprocess.Popen) -> None:
+    """SIGKILL of a `brorl actor` with no launcher around it (a supervisor that signals only its pid, or a user):
+    its vLLM engine core and the core's worker end too (actors/engine_watch.py), where they used to run on
+    holding their memory (with this tiny model 2.5 GiB of RSS; on a GPU, the memory its replacement needs)."""
+    from actors.engine_watch import loadable
+    from tests.support.faults import alive, described, tree, wait_for
+
+    assert loadable(), "brorl is not installed (pip install -e .): vLLM finds no engine watch to load"
+    def core(pid: int) -> bool:
+        try:
+            p = psutil.Process(pid)
+            return "EngineCore" in p.name() + " ".join(p.cmdline())
+        except psutil.Error:  # a short-lived child (a verifier self-test) that has just exited
+            return False
+
+    engine = tree(proc.pid)[1:]
+    assert any(core(p) for p in engine), f"no vLLM engine core under the actor: {described(engine)}"
+    proc.kill()
+    proc.wait()
+    # the core's watch polls each second, then SIGTERM (vLLM's shutdown) and SIGKILL 10 s later; slower under load
+    try:
+        wait_for(lambda: not alive(engine), 90, lambda: f"the killed actor's engine processes run on: {described(engine)}")
+    finally:
+        for pid in alive(engine):
+            os.kill(pid, signal.SIGKILL)

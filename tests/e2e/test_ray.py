@@ -16,24 +16,23 @@ import pytest
 
 from cli.cluster import RayLauncher
 from learner.ledger import account, check
-from tests.support.faults import granted_to, job, steps_done, working
-from transport.ports import free_port, free_ports
+from tests.support.faults import granted_to, job, nice, steps_done, working
+from transport.ports import RAY_WORKER_PORTS as WORKER_PORTS, free_port, free_ports
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
-WORKER_PORTS = range(30000, 31000)
-"""Where the test clusters' Ray workers listen (`ray start` refuses a head port among them, and a job's port
-there could be taken by a worker): every other port is picked outside."""
+# The test clusters' Ray workers listen on Ray's default ports (`ray start` refuses a head port among them, and a
+# job's port there could be taken by a worker): free_port never picks one, here or in any test beside this one.
 
 
 def job_ports(host: str = "127.0.0.1") -> dict:
-    """The job's work, rollout and control ports, outside `WORKER_PORTS`."""
-    port = free_ports(3, host, avoid=WORKER_PORTS)
+    """The job's work, rollout and control ports (free_ports keeps them out of `WORKER_PORTS`)."""
+    port = free_ports(3, host)
     return {"transport.work_port": port, "transport.rollout_port": port + 1, "transport.control_port": port + 2}
 
 
 def _ray_start(cmd: list[str]) -> list[int]:
-    """Run a `ray start` command (workers on `WORKER_PORTS`, a small object store, no usage stats); the
+    """Run a `ray start` command (workers on Ray's default ports, a small object store, no usage stats); the
     pids of the Ray processes it left running (not whatever else started meanwhile)."""
     before = set(psutil.pids())
     r = subprocess.run([*cmd, "--object-store-memory=100000000", "--disable-usage-stats",
@@ -97,7 +96,7 @@ def two_nodes(monkeypatch):
         for cmd in (("ip", "addr", "add", f"{node_ip}/30", "dev", f"{link}b"), ("ip", "link", "set", f"{link}b", "up"),
                     ("ip", "link", "set", "lo", "up")):
             sh("ip", "netns", "exec", ns, *cmd)
-        port = free_port(head_ip, avoid=WORKER_PORTS)
+        port = free_port(head_ip)
         started += _ray_start([*RAY, "start", "--head", f"--node-ip-address={head_ip}", f"--port={port}",
                                "--num-cpus=2", '--resources={"learner_node": 1}', "--include-dashboard=false"])
         started += _ray_start(["ip", "netns", "exec", ns, *RAY, "start", f"--address={head_ip}:{port}",
@@ -148,7 +147,13 @@ def test_ray_places_the_roles_on_two_hosts_and_restarts_a_killed_actor(warm_mode
                 state["host"] = la.procs["actor-0"].host_pid
                 os.kill(state["host"], signal.SIGKILL)  # the Ray actor itself, by pid
                 state["killed"] = steps_done(run)
+                # on 2 shared cores the job training flat out starves the replacement's engine start (minutes):
+                # the survivors yield the CPU until it takes work (on their own hosts they would not compete)
+                nice(la, ["learner", "actor-1"], 19)
             elif "killed" in state and len(incs) > 1 and "second" not in state:
+                if "yielded" not in state:
+                    nice(la, ["learner", "actor-1"], 0)
+                    state["yielded"] = True
                 grants = granted_to(run, "actor-0")  # actor-1 trains on meanwhile: wait for the replacement's own
                 new = {pid for r in grants if r["incarnation"] != grants[0]["incarnation"] for pid in r["granted"]}
                 if new & set(account(run).trained):

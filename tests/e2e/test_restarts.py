@@ -5,18 +5,15 @@ from its checkpoint while its actor keeps running);
 that no prompt was trained twice and that every granted prompt is accounted for. One actor of two:
 tests/e2e/test_faults.py (a file of its own so that the two run on different test workers)."""
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from config.loader import to_toml
 from learner.ledger import account, check
 from learner.metrics import read
-from tests.support.faults import ROOT, alive, brorl_run_process, granted_to, job, steps_done, tree, wait_for
+from tests.support.faults import alive, brorl_run_process, granted_to, job, steps_done, tree, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -73,43 +70,6 @@ def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_mod
     assert restarted, "the dead incarnation's prompts never went back to the queue"
     rows = read(tmp_path / "metrics.jsonl")
     assert rows[-1]["step"] == 10 and rows[-1]["version"] == 10
-
-
-def test_an_actor_killed_by_pid_takes_its_engine_with_it(warm_model_dir, tmp_path):
-    """SIGKILL of a `brorl actor` with no launcher around it (a supervisor that signals only its pid, or a user):
-    its vLLM engine core and the core's worker end too (actors/engine_watch.py), where they used to run on
-    holding their memory (with this tiny model 2.5 GiB of RSS; on a GPU, the memory its replacement needs)."""
-    import psutil
-
-    from actors.engine_watch import loadable
-
-    assert loadable(), "brorl is not installed (pip install -e .): vLLM finds no engine watch to load"
-    cfg_path = tmp_path / "config.toml"
-    cfg_path.write_text(to_toml(job(warm_model_dir, tmp_path, steps=8)))
-    actor = subprocess.Popen([sys.executable, "-m", "cli", "actor", "--config", str(cfg_path), "--actor-id", "a0"],
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                             stdout=open(tmp_path / "actor.log", "wb"), stderr=subprocess.STDOUT)
-    engine: list = []
-    try:
-        def core(pid: int) -> bool:
-            try:
-                p = psutil.Process(pid)
-                return "EngineCore" in p.name() + " ".join(p.cmdline())
-            except psutil.Error:  # a short-lived child (the verifier self-test) that has just exited
-                return False
-
-        def built():  # no learner: the actor builds its engine, then waits for one
-            engine[:] = tree(actor.pid)[1:]
-            return any(core(p) for p in engine)
-        wait_for(built, 240, "no vLLM engine core under the actor")
-        actor.kill()
-        actor.wait()
-        wait_for(lambda: not alive(engine), 40, f"the killed actor's engine processes run on: {alive(engine)}")
-    finally:
-        if actor.poll() is None:
-            actor.kill()
-        for pid in alive(engine):
-            os.kill(pid, signal.SIGKILL)
 
 
 def start_brorl_run(model_dir: str, tmp_path: Path) -> subprocess.Popen:

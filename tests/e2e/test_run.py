@@ -16,7 +16,7 @@ from learner.ledger import account, check
 from cli.launcher import Launcher
 from cli.display import status_lines
 from learner.metrics import read
-from tests.support.faults import alive, brorl_run_process, tree, wait_for
+from tests.support.faults import alive, brorl_run_process, ended, tree, wait_for
 
 
 def _ledger(run_dir: Path) -> list[dict]:
@@ -33,18 +33,19 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
         "run.eval_interval": 5, "run.eval_prompts": 16, "run.eval_samples": 4, "transport.work_port": 0, "transport.rollout_port": 0, "transport.control_port": 0,
     })
     # fixed free ports (0 would let each process pick its own)
-    from transport.ports import free_port
+    from transport.ports import free_ports
 
-    ports = [free_port() for _ in range(3)]
+    port = free_ports(3)
     cfg = cfg.model_copy(update={"transport": cfg.transport.model_copy(update={
-        "work_port": ports[0], "rollout_port": ports[0] + 1, "control_port": ports[0] + 2})})
+        "work_port": port, "rollout_port": port + 1, "control_port": port + 2})})
     ckpt = Checkpointer(run_dir)
 
     # `brorl run` as its own process, stopped with SIGTERM (what Ctrl-C, `docker stop` or a scheduler sends)
     run_dir.mkdir(parents=True)
     run = brorl_run_process(cfg, tmp_path)
     try:
-        wait_for(lambda: (st := ckpt.latest()) is not None and st.meta["step"] >= 4, 400, "no checkpoint at step 4")
+        wait_for(lambda: ended(run, tmp_path) or (st := ckpt.latest()) is not None and st.meta["step"] >= 4, 400,
+                 "no checkpoint at step 4")
         pids = tree(run.pid)
         assert len(pids) >= 4  # launcher, learner, actor, the actor's engine
         at_term = len(read(run_dir / "metrics.jsonl"))

@@ -145,3 +145,48 @@ async def test_actor_admits_only_when_running_unpaused_and_sync_allows():
     actor.paused = False
     actor.stopping.set()
     assert not actor.may_admit()
+
+
+def test_an_actors_scoring_workers_end_when_it_is_killed_by_pid(tmp_path):
+    """A process with a scoring pool (as an actor has) killed with SIGKILL: no shutdown reaches its workers, and
+    they used to wait on their call queue for good (with multiprocessing's resource tracker); they end within
+    their parent watch's poll."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.support.faults import alive, described, wait_for
+
+    script = (
+        "import asyncio, sys\n"
+        "from actors.scoring import ScoringPool\n"
+        "from verifiers import synthetic\n"
+        "async def main():\n"
+        "    pool = ScoringPool(2, 30.0)\n"
+        "    ok, ref = synthetic.SELF_TEST[0][0], synthetic.SELF_TEST[0][1]\n"
+        "    await pool.score('verifiers.synthetic', '1', [ok, ok], ref)\n"
+        "    print(*pool._pool._processes, flush=True)\n"
+        "    await asyncio.sleep(600)\n"
+        "if __name__ == '__main__':\n"
+        "    asyncio.run(main())\n")
+    (tmp_path / "holder.py").write_text(script)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    holder = subprocess.Popen([sys.executable, str(tmp_path / "holder.py")], cwd=root, stdout=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": root}, text=True)
+    kids: list[int] = []
+    try:
+        assert select.select([holder.stdout], [], [], 120)[0], "the process did not score within 120 s"
+        workers = [int(w) for w in holder.stdout.readline().split()]
+        kids = [c.pid for c in psutil.Process(holder.pid).children(recursive=True)]
+        assert len(workers) == 2 and set(workers) <= set(kids), (workers, described(kids))  # and the resource tracker
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        wait_for(lambda: not alive(kids), 30, lambda: f"the killed process's scoring workers run on: {described(kids)}")
+    finally:
+        holder.kill()
+        for pid in alive(kids):
+            os.kill(pid, signal.SIGKILL)

@@ -71,8 +71,8 @@ def test_consecutive_free_ports_never_run_past_the_last_port(monkeypatch):
 
 
 def test_consecutive_free_ports_keep_out_of_a_range_to_avoid(monkeypatch):
-    """(Ray's workers' ports, in the cluster tests): a run whose first port is outside but the next ones are
-    inside is not taken either."""
+    """A range to avoid (a service's own ports): a run whose first port is outside but the next ones are inside
+    is not taken either."""
     import transport.ports as w
 
     picks = iter([29999])  # 29999 is free to avoid, 30000 and 30001 are not

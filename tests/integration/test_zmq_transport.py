@@ -400,16 +400,17 @@ async def test_barrier_against_a_learner_that_never_answers_ends_at_its_deadline
         actor.close()
 
 
-def test_picked_ports_are_outside_the_kernels_ephemeral_range_and_avoid_the_given_ones():
+def test_picked_ports_are_outside_the_kernels_ephemeral_range_and_rays_workers_and_avoid_the_given_ones():
     """A port from the ephemeral range can be taken by an outgoing connection's source port before its owner
-    binds it (even by a client reconnecting to that very port: TCP self-connect)."""
-    from transport.ports import _ephemeral_range, free_port, free_ports
+    binds it (even by a client reconnecting to that very port: TCP self-connect); one among Ray's worker ports,
+    by a Ray worker on the same host (the learner's rendezvous store under the Ray launcher)."""
+    from transport.ports import RAY_WORKER_PORTS, _ephemeral_range, free_port, free_ports
 
     lo, hi = _ephemeral_range()
     ports = [free_port() for _ in range(200)]
-    assert not [p for p in ports if lo <= p <= hi]
+    assert not [p for p in ports if lo <= p <= hi or p in RAY_WORKER_PORTS]
     base = free_ports(3)
-    assert not [p for p in range(base, base + 3) if lo <= p <= hi]
+    assert not [p for p in range(base, base + 3) if lo <= p <= hi or p in RAY_WORKER_PORTS]
     assert ports[0] not in {free_port(avoid=[ports[0]]) for _ in range(200)}
 
 

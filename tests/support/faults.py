@@ -28,14 +28,15 @@ def job(model_dir: str, run_dir: Path, steps: int, actors: int = 1, **over):
         "transport.weight_timeout_s": 30.0, "learner.no_progress_s": 10.0, **over})
 
 
-def wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.2):
+def wait_for(cond, timeout_s: float, what, poll_s: float = 0.2):
+    """`cond()` once true (polled), else a TimeoutError saying `what` (or what `what()` says at the timeout)."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         v = cond()
         if v:
             return v
         time.sleep(poll_s)
-    raise TimeoutError(what)
+    raise TimeoutError(what() if callable(what) else what)
 
 
 def steps_done(run_dir: Path) -> int:
@@ -84,6 +85,18 @@ def alive(pids) -> list[int]:
     return out
 
 
+def described(pids) -> str:
+    """Each live pid of `pids` with its state, parent and command line (a failure message that says what ran on)."""
+    out = []
+    for pid in alive(pids):
+        try:
+            p = psutil.Process(pid)
+            out.append(f"{pid} ({p.status()}, parent {p.ppid()}): {' '.join(p.cmdline())[:160] or p.name()}")
+        except psutil.Error:
+            pass
+    return "; ".join(out) or "none"
+
+
 def run_launcher(cfg, during, done=lambda la: False, timeout_s=600) -> Launcher:
     """`brorl run`'s launcher without its evaluations: start, call `during(la)` from a poll loop (it must
     return quickly) until the learner finishes or `done(la)`, then stop the job in order (SIGTERM)."""
@@ -104,6 +117,14 @@ def run_launcher(cfg, during, done=lambda la: False, timeout_s=600) -> Launcher:
 
 def granted_to(run_dir: Path, actor: str) -> list[dict]:
     return [r for r in read(run_dir / "ledger.jsonl") if r.get("actor") == actor and r.get("granted")]
+
+
+def ended(proc: subprocess.Popen, folder: Path) -> bool:
+    """False while `proc` (from `brorl_run_process`) runs; once it has ended, an AssertionError with its exit
+    code and console (a `wait_for` condition: a job that failed is named at once, not after the wait)."""
+    if proc.poll() is None:
+        return False
+    raise AssertionError(f"brorl run ended (exit {proc.returncode}):\n{(folder / 'run.log').read_text()[-3000:]}")
 
 
 def brorl_run_process(cfg, folder: Path) -> subprocess.Popen:
