@@ -52,13 +52,26 @@ share_pair() {  # share_pair N [--set K=V ...]: on the one GPU, the raw engine a
        "$@" --raw-from "bench/results/e2e_${TAG}ts_$N.json" --tag "${TAG}share_$N"
   kill $snap; runs "share$N"; keep_bench "e2e_${TAG}ts_$N*" "e2e_${TAG}share_$N*"; rm -rf runs/bench/e2e/run-*
 }
+PEER=(--shape qwen2-1.5b --prompt-len 512 --completion-len 256 --micro-batch 16 --tag "$TAG")
+peer_pair() {  # peer_pair N PROMPTS STEPS TRL_LIMIT BRORL_LIMIT [--brorl-set K=V ...]: TRL's GRPO with vLLM
+  # colocated (TRL_LIMIT 0: not run), then brorl, on the same shaped model, N, prompts a step, prompt 512 +
+  # completion 256 tokens and optimizer steps; a TRL step cut at its limit still leaves its timed steps in the
+  # results file; brorl's run logs kept
+  local n=$1 prompts=$2 steps=$3 trl=$4 brorl=$5; shift 5
+  [ "$trl" = 0 ] || LIMIT=$trl step "peers_trl$n" python3 -m bench.peers --peer trl --n "$n" \
+       --prompts-per-step "$prompts" --steps "$steps" "${PEER[@]}"
+  LIMIT=$brorl step "peers_brorl$n" python3 -m bench.peers --peer brorl --n "$n" --prompts-per-step "$prompts" \
+       --steps "$steps" "${PEER[@]}" "$@"
+  keep_bench "peers_${TAG}*"
+  for d in runs/bench/peers/brorl-*; do [ -d "$d" ] || continue; mkdir -p "$R/bench/peers-$(basename "$d")"
+    cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/peers-$(basename "$d")/" 2>/dev/null; done; pack
+}
 if [ "$GPUS" = 1 ] && [ "${ONE:-}" = share ]; then
   # one GPU, everything a one-GPU user meets, most wanted first (a lease may end before the last step): the gpu
   # tests of the weights over CUDA IPC, the fused log-prob kernels and packed attention; the learner on
   # realistic lengths padded and packed; the loop at N = 16 time-sharing then co-running (`--share-gpu`: `brorl
   # run --one-gpu`'s settings); brorl beside TRL's GRPO at N = 16 in the sharing mode that was faster; then
   # N = 512; then the older gpu tests
-  PEER=(--shape qwen2-1.5b --prompt-len 512 --completion-len 256 --micro-batch 16 --tag "$TAG")
   LIMIT=360 step gpunew $PT tests/gpu/test_ipc_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_packing_gpu.py
   LIMIT=360 step k_pack python3 -m bench.learner --gpu --kernels packed --tag "$TAG"
   keep_bench "learner_gpu_${TAG}*"
@@ -68,17 +81,10 @@ runs = json.load(open('bench/results/e2e_${TAG}share_16.json'))['runs']
 rate = {r['share_gpu']: r['samples_per_s'] for r in runs}
 print(max(rate, key=rate.get))" || echo corun)
   echo "$mode" > "$R/peers_mode.txt"
-  LIMIT=300 step peers_brorl16 python3 -m bench.peers --peer brorl --n 16 --prompts-per-step 32 --steps 4 "${PEER[@]}" \
-       --brorl-set "actor.share_gpu=$mode"
-  keep_bench "peers_${TAG}*"
-  for d in runs/bench/peers/brorl-*; do [ -d "$d" ] || continue; mkdir -p "$R/bench/peers-$(basename "$d")"
-    cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/peers-$(basename "$d")/" 2>/dev/null; done; pack
+  peer_pair 16 32 4 0 300 --brorl-set "actor.share_gpu=$mode"  # TRL's N = 16 row: an earlier lease's
   share_pair 512
   LIMIT=600 step gpuold $PT tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
-  LIMIT=200 step peers_trl512 python3 -m bench.peers --peer trl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}"
-  LIMIT=240 step peers_brorl512 python3 -m bench.peers --peer brorl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}" \
-       --brorl-set "actor.share_gpu=$mode"
-  keep_bench "peers_${TAG}*"
+  peer_pair 512 1 3 200 240 --brorl-set "actor.share_gpu=$mode"
 elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = timeshare ]; then
   # one GPU, how learner and engine share it (actor.share_gpu): share_pair at N = 16 and 512
   for N in 16 512; do share_pair "$N"; done
@@ -100,17 +106,9 @@ elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = learner ]; then
   keep_bench "e2e_${TAG}shared*"
   step userdata $PT tests/gpu/test_user_data_gpu.py
 elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = peers ]; then
-  # one GPU, brorl next to TRL's GRPO trainer with vLLM colocated (bench/peers.py): the same shaped model, N,
-  # prompts a step, prompt 512 + completion 256 tokens and optimizer steps; N = 16 × 32 prompts, then
-  # N = 512 × 1 prompt. A TRL step cut at its limit still leaves its timed steps in the results file
-  PEER=(--shape qwen2-1.5b --prompt-len 512 --completion-len 256 --micro-batch 16 --tag "$TAG")
-  LIMIT=270 step peers_trl16 python3 -m bench.peers --peer trl --n 16 --prompts-per-step 32 --steps 4 "${PEER[@]}"
-  LIMIT=300 step peers_brorl16 python3 -m bench.peers --peer brorl --n 16 --prompts-per-step 32 --steps 4 "${PEER[@]}"
-  LIMIT=200 step peers_trl512 python3 -m bench.peers --peer trl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}"
-  LIMIT=240 step peers_brorl512 python3 -m bench.peers --peer brorl --n 512 --prompts-per-step 1 --steps 3 "${PEER[@]}"
-  keep_bench "peers_${TAG}*"
-  for d in runs/bench/peers/brorl-*; do [ -d "$d" ] || continue; mkdir -p "$R/bench/peers-$(basename "$d")"
-    cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/peers-$(basename "$d")/" 2>/dev/null; done; pack
+  # one GPU, brorl next to TRL's GRPO trainer (bench/peers.py): N = 16 × 32 prompts, then N = 512 × 1 prompt
+  peer_pair 16 32 4 270 300
+  peer_pair 512 1 3 200 240
 elif [ "$GPUS" = 1 ]; then  # ONE=engine
   # 1. the paper's presets' learner, then the learner's MFU at the preset's best single-GPU settings,
   #    with the compiler's recompilations logged
