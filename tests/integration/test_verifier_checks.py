@@ -182,7 +182,9 @@ def test_an_actors_scoring_workers_end_when_it_is_killed_by_pid(tmp_path):
         assert select.select([holder.stdout], [], [], 120)[0], "the process did not score within 120 s"
         workers = [int(w) for w in holder.stdout.readline().split()]
         kids = [c.pid for c in psutil.Process(holder.pid).children(recursive=True)]
-        assert len(workers) == 2 and set(workers) <= set(kids), (workers, described(kids))  # and the resource tracker
+        # the pool's workers (one or two: the pool spawns another only while none is idle) are among its children,
+        # with multiprocessing's resource tracker
+        assert workers and set(workers) <= set(kids), (workers, described(kids))
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         wait_for(lambda: not alive(kids), 30, lambda: f"the killed process's scoring workers run on: {described(kids)}")
