@@ -198,7 +198,7 @@ class LearnerService:
             m = await asyncio.to_thread(self.trainer.step, [TrainGroup.from_wire(g) for g in batch.groups])
         except Exception:
             if getattr(self.trainer, "updates_in_step", 1) == 0:  # nothing applied: the state is step `version`'s
-                path = await asyncio.to_thread(self.save_checkpoint)
+                path = await asyncio.to_thread(self.save_checkpoint, self.state_dict())
                 log.exception("training step %d failed before changing anything; checkpoint %s written",
                               self.version + 1, path)
             else:
@@ -244,10 +244,10 @@ class LearnerService:
         if not (force or self.version % lrn.checkpoint_interval == 0 or self.version == lrn.steps):
             return
         if force or self.version == lrn.steps:
-            await asyncio.to_thread(self.save_checkpoint)
+            await asyncio.to_thread(self.save_checkpoint, self.state_dict())
             return
         try:
-            await asyncio.to_thread(self.save_checkpoint)
+            await asyncio.to_thread(self.save_checkpoint, self.state_dict())
             self._failed_saves = 0
         except Exception as e:  # a full disk surfaces as OSError, or as torch's or safetensors' own errors
             self._failed_saves += 1
@@ -262,7 +262,9 @@ class LearnerService:
             log.exception(msg)
             events.emit("error", msg, fix=f"free space in {self.ckpt.root} (or check it is writable)")
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, state: dict) -> Path:
+        """Write `state` (`state_dict()`, taken on the event loop: prompts granted meanwhile must not half-change
+        the dispatcher's cursor and pending set it holds) and the model; in a worker thread."""
         def write_model(d: Path) -> None:
             with self.ranks.entries(self.trainer):  # ZeRO-3: the whole model, gathered while it is written
                 self.trainer.model.save_pretrained(d, safe_serialization=True)
@@ -272,7 +274,7 @@ class LearnerService:
             self.ranks.command("save", [str(d)] * self.ranks.world)
             self.ranks.barrier()
 
-        return self.ckpt.save(self.state_dict(), write_model, write_shards if self.ranks.world > 1 else None)
+        return self.ckpt.save(state, write_model, write_shards if self.ranks.world > 1 else None)
 
     def state_dict(self) -> dict:
         """Everything but the model weights that an exact resume needs (the model is saved beside it)."""

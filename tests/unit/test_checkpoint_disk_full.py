@@ -4,6 +4,7 @@ the latest, and a scheduled save's failure is an error the job survives until it
 import asyncio
 import errno
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,11 +44,14 @@ def test_scheduled_saves_that_fail_are_survived_until_they_fail_in_a_row(tmp_pat
     ck.save(_state(10), _model)
     outcome = {"ok": False}
 
-    def save_checkpoint():
+    def save_checkpoint(state):
+        assert state == {"taken on the event loop's thread": True}
         return ck.save(_state(svc.version), _model if outcome["ok"] else _full)
 
     svc = SimpleNamespace(cfg=SimpleNamespace(learner=SimpleNamespace(checkpoint_interval=10, steps=1000)),
-                          version=20, ckpt=ck, _failed_saves=0, save_checkpoint=save_checkpoint)
+                          version=20, ckpt=ck, _failed_saves=0, save_checkpoint=save_checkpoint,
+                          state_dict=lambda: {"taken on the event loop's thread":
+                                              threading.current_thread() is threading.main_thread()})
     due = LearnerService.checkpoint_if_due
     asyncio.run(due(svc))  # step 20: fails, the job goes on
     assert svc._failed_saves == 1 and ck.latest().step == 10
