@@ -85,6 +85,18 @@ print(max(rate, key=rate.get))" || echo corun)
   share_pair 512
   LIMIT=600 step gpuold $PT tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
   peer_pair 512 1 3 200 240 --brorl-set "actor.share_gpu=$mode"
+elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = rest ]; then
+  # one GPU, what the share plan's leases left unmeasured, most wanted first: packed against padded passes on
+  # realistic lengths (uncompiled both, 16k-token passes); brorl beside TRL at N = 512 (one prompt a step); the
+  # gpu tests; the realistic compiled case with the compiler's recompilations logged
+  LIMIT=330 step k_pack python3 -m bench.learner --gpu --kernels packed --tag "$TAG"
+  keep_bench "learner_gpu_${TAG}*"
+  peer_pair 512 1 3 200 240
+  LIMIT=500 step gpu $PT tests/gpu/test_ipc_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_packing_gpu.py \
+       tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py
+  LIMIT=240 step k_recompiles env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --tag "${TAG}rc" --mfu-add \
+       '[{"groups": 8, "n": 8, "lengths": "realistic", "prompt": 256, "completion": 4096, "steps": 2, "compile": true,
+          "backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768, "logprob_kernel": "chunked"}]'
 elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = timeshare ]; then
   # one GPU, how learner and engine share it (actor.share_gpu): share_pair at N = 16 and 512
   for N in 16 512; do share_pair "$N"; done
