@@ -205,14 +205,16 @@ LOGPROB_KERNELS = {"kept": "head module, logits kept for backward", "off": "head
 def _learner_kernels(d: dict) -> Table:
     """The `--kernels` rows (bench/learner_gpu.py): the log-prob path and Liger's layer kernels, fixed 4,096-token
     responses and realistic lengths, best first within each; tokens/s and MFU of real tokens only."""
-    header = (["lengths", "log-prob path (logits chunk)", "Liger layer kernels", "micro-batch tokens", "tokens/s", "MFU", "peak GiB",
-               "padding"], "llllrrrr")
+    header = (["lengths", "passes", "log-prob path (logits chunk)", "Liger layer kernels", "micro-batch tokens", "tokens/s", "MFU",
+               "peak GiB", "padding"], "lllllrrrr")
     rows = []
     for r in sorted((r for r in d.get("mfu", []) if "logprob_kernel" in r),
                     key=lambda r: (r.get("lengths") == "realistic", -r.get("mfu", 0.0))):
         kernel = "kept" if r.get("logprob_recompute") is False else r["logprob_kernel"]
         cells = [("realistic (prompts 256–1k, completions log-normal ~3k, ≤ 16k)" if r.get("lengths") == "realistic"
-                  else "fixed (256 + 4,096)"), LOGPROB_KERNELS.get(kernel, kernel)
+                  else "fixed (256 + 4,096)"),
+                 f"{'compiled' if r.get('compile', True) else 'uncompiled'}, {'packed' if r.get('packing') else 'padded'}",
+                 LOGPROB_KERNELS.get(kernel, kernel)
                  + (f" ({n(r['logprob_chunk_mb'])} MiB)" if "logprob_chunk_mb" in r else ""),
                  "yes" if r.get("liger_kernels") else "no", n(r.get("micro_batch_tokens") or 65536)]
         if r.get("ok", True) and r.get("tokens_per_s"):
@@ -222,7 +224,7 @@ def _learner_kernels(d: dict) -> Table:
         rows.append(cells)
     if not rows:
         rows = [["not measured yet: `python -m bench.learner --gpu --tag h200 --kernels SET`", "", "", "", "", "", "",
-                 ""]]
+                 "", ""]]
     return (*header, rows)
 
 

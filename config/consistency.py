@@ -77,6 +77,10 @@ def check_consistency(cfg: "BrorlConfig") -> None:
     if lrn.compile and (lrn.share_prompt or (lrn.backend == "deepspeed" and lrn.zero_stage == 3)):
         raise ValueError("learner.compile works with neither learner.share_prompt nor learner.zero_stage = 3 "
                          "(the shared prompt's key/value cache and ZeRO-3's parameter hooks are not traced)")
+    if lrn.liger_kernels and lrn.compile:
+        raise ValueError("learner.liger_kernels with learner.compile: torch.compile cannot trace Liger's fused "
+                         "RMSNorm (its autograd Function fails in dynamo); turn one off (compiled layers are "
+                         "the faster of the two on a GPU; learner.packing runs uncompiled with Liger's kernels)")
     if lrn.packing and (lrn.share_prompt or lrn.compile):
         raise ValueError(f"learner.packing with learner.{'share_prompt' if lrn.share_prompt else 'compile'}: packed "
                          f"sequences run neither a shared prompt's cache nor compiled layers; turn one off")

@@ -241,9 +241,10 @@ class LearnerConfig(Section):
     partitioned between passes); `logprob_recompute = false` runs "off" with the logits kept."""
 
     liger_kernels: bool = False
-    """Liger-Kernel's fused RMSNorm, SwiGLU and RoPE kernels patched into the model's layers (before
-    `compile`, which then compiles around them). CUDA only, with liger-kernel installed, for the model families
-    Liger patches (Qwen2/2.5, Qwen3, Llama, Mistral, Gemma, Phi-3, ...): refused elsewhere."""
+    """Liger-Kernel's fused RMSNorm, SwiGLU and RoPE kernels patched into the model's layers, for uncompiled
+    layers (refused with `compile`, which cannot trace Liger's RMSNorm: the two are alternatives). CUDA only,
+    with liger-kernel installed, for the model families Liger patches (Qwen2/2.5, Qwen3, Llama, Mistral, Gemma,
+    Phi-3, ...): refused elsewhere."""
 
     overlong_filter: bool = False
     """Mask completions cut at `actor.max_tokens` (finish reason "length") out of the loss (DAPO's overlong

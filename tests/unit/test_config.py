@@ -162,3 +162,9 @@ def test_learner_ranks_settings_that_cannot_work_are_refused(over, why):
         load_config("tiny-cpu", over)
     ok = load_config("tiny-cpu", {"learner.devices": 2, "learner.backend": "deepspeed"})
     assert ok.learner.devices == 2
+
+
+def test_liger_layer_kernels_are_refused_with_compiled_layers():
+    with pytest.raises(ConfigError, match=r"learner.liger_kernels with learner.compile: torch.compile cannot trace"):
+        load_config("tiny-cpu", {"learner.liger_kernels": True, "learner.compile": True})
+    assert load_config("tiny-cpu", {"learner.liger_kernels": True, "learner.compile": False}).learner.liger_kernels
