@@ -94,6 +94,8 @@ class RunResult:
     seconds: float
     oom_killed: bool = False
     """The run's cgroup memory limit killed one of its processes."""
+    uid: int | None = None
+    """The fresh uid the run's processes ran under (as root); None where they ran under ours."""
 
 
 def python_binary() -> str:
@@ -224,7 +226,7 @@ def _run(cmd: list[str], lim: Limits, stdin: str, cwd: str | None = None, pass_f
             if info_fd is None and setup.uid is not None:  # uncontained, but under a fresh uid: all of it
                 _kill_uid(setup.uid)
         return RunResult(None if timed_out else proc.returncode, _read_capped(out), _read_capped(err),
-                         timed_out, time.monotonic() - t0, cgroup is not None and cgroup.oom_killed())
+                         timed_out, time.monotonic() - t0, cgroup is not None and cgroup.oom_killed(), setup.uid)
 
 
 def _namespace_init(info_fd: int | None) -> int | None:

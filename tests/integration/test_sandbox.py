@@ -26,11 +26,11 @@ def _run(sb, program, stdin=""):
     return r
 
 
-def _uid_processes():
-    """Live (non-zombie) processes of sandbox uids."""
-    out = subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout.splitlines()
-    rows = [line.split() for line in out]
-    return [u for u, st in rows if u.isdigit() and 1_000_000 <= int(u) < 2_000_000 and not st.startswith("Z")]
+def _uid_processes(uid):
+    """Live (non-zombie) processes of `uid`, a run's own fresh uid: other tests' sandboxed programs (on other
+    pytest workers, at the same moment) run under fresh uids of their own."""
+    out = subprocess.run(["ps", "-eo", "pid=,uid=,stat="], capture_output=True, text=True).stdout.splitlines()
+    return [int(p) for p, u, st in (line.split() for line in out) if int(u) == uid and not st.startswith("Z")]
 
 
 def test_runs_a_normal_program(sb):
@@ -46,7 +46,8 @@ def test_infinite_loop_is_stopped(sb):
 def test_fork_bomb_is_contained(sb):
     r = _run(sb, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
     assert r.returncode != 0 or r.timed_out
-    assert _uid_processes() == []  # nothing it forked survives
+    assert (r.uid is not None) == (os.geteuid() == 0)  # as root, it ran under a fresh uid of its own
+    assert r.uid is None or _uid_processes(r.uid) == []  # nothing it forked survives
     assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
 
 
