@@ -9,7 +9,9 @@ non-root:
     cases nor a host Unix socket are on any path it can open. The test cases reach it only as its stdin,
     one at a time; the expected output never leaves the scoring process;
   - its own PID namespace: when the run ends, its wall clock fires or the process that started it dies,
-    the kernel kills every process in it — nothing the program forked outlives the run;
+    the kernel kills every process in it — nothing the program forked outlives the run: `Sandbox.run`
+    returns once they are all gone, and raises `SandboxError` where one is still alive `KILL_WAIT_S`
+    after the kill (a process the kernel cannot end, e.g. in uninterruptible sleep);
   - its own network namespace: only a loopback of its own (no route to the host's TCP, UDP or abstract
     Unix sockets);
   - its own IPC and UTS namespaces, no capabilities, no further user namespaces (`--disable-userns`), a
@@ -62,10 +64,16 @@ BWRAP_ENV = "BRORL_BWRAP"  # path of the bwrap binary (default: found on PATH)
 CONTAINED = "bubblewrap: own pid/net/mount/ipc/uts/user namespaces, minimal read-only view, tmpfs work folder"
 UNSAFE = "UNSAFE (verifiers.sandbox_unsafe): rlimits and a wall-clock kill only"
 MASKED_PROC = "no /proc (the host's /proc is partly masked)"
+KILL_WAIT_S = 10.0
+"""Seconds a run's processes may take to die once killed before `Sandbox.run` raises `SandboxError`."""
 
 
 class SandboxUnavailable(RuntimeError):
     """Programs cannot be contained here, and running them uncontained was not explicitly allowed."""
+
+
+class SandboxError(RuntimeError):
+    """A run's processes are still alive `KILL_WAIT_S` after they were killed: the run could not be ended."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,8 @@ class RunResult:
     seconds: float
     oom_killed: bool = False
     """The run's cgroup memory limit killed one of its processes."""
+    uid: int | None = None
+    """The fresh uid the run's processes ran under (as root); None where they ran under ours."""
 
 
 def python_binary() -> str:
@@ -171,7 +181,8 @@ class Sandbox:
         self.contained = problem is None
 
     def run(self, program: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
-        """Run `program` with `stdin`, under `limits` (default: the sandbox's own)."""
+        """Run `program` with `stdin`, under `limits` (default: the sandbox's own). Returns once nothing of
+        the run is left; raises SandboxError where a process of it outlives `KILL_WAIT_S` after the kill."""
         lim = limits or self.limits
         if self.contained:
             return _run_contained(lim, program, stdin, proc=host_support().proc)
@@ -202,7 +213,7 @@ def _run_contained(lim: Limits, program: str, stdin: str, proc: bool = True) -> 
             except OSError:
                 pass
         if cgroup is not None:
-            cgroup.close()
+            cgroup.close(KILL_WAIT_S)
 
 
 def _run(cmd: list[str], lim: Limits, stdin: str, cwd: str | None = None, pass_fds: tuple = (),
@@ -220,11 +231,9 @@ def _run(cmd: list[str], lim: Limits, stdin: str, cwd: str | None = None, pass_f
         except (BrokenPipeError, OSError):
             pass  # it exited (or closed stdin) before reading all input
         finally:
-            _kill_session(proc, _namespace_init(info_fd))
-            if info_fd is None and setup.uid is not None:  # uncontained, but under a fresh uid: all of it
-                _kill_uid(setup.uid)
+            _end_run(proc, info_fd, setup.uid)
         return RunResult(None if timed_out else proc.returncode, _read_capped(out), _read_capped(err),
-                         timed_out, time.monotonic() - t0, cgroup is not None and cgroup.oom_killed())
+                         timed_out, time.monotonic() - t0, cgroup is not None and cgroup.oom_killed(), setup.uid)
 
 
 def _namespace_init(info_fd: int | None) -> int | None:
@@ -236,26 +245,68 @@ def _namespace_init(info_fd: int | None) -> int | None:
         return None  # bwrap never got that far: there is no namespace
 
 
-def _kill_session(proc: subprocess.Popen, ns_init: int | None, wait_s: float = 5.0) -> None:
-    """SIGKILL the run: its process group (bwrap, or the uncontained program) and its PID namespace's init
-    (whose death makes the kernel kill every process left in the namespace); return once that init is
-    gone, i.e. once nothing of the run is left."""
-    for kill, pid in ((os.killpg, proc.pid), (os.kill, ns_init)):
+def _end_run(proc: subprocess.Popen, info_fd: int | None, uid: int | None) -> None:
+    """SIGKILL the run and return once nothing of it is left, else raise SandboxError. Killed: its process
+    group (bwrap, or the uncontained program), its PID namespace's init (whose death makes the kernel kill
+    every process left in the namespace) and, uncontained as root, every process of its fresh uid. Watched:
+    that init, which shows as exited only once the namespace is empty; without one (bwrap never got that
+    far, or uncontained), the fresh uid's processes, where it has one."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    ns_init = _namespace_init(info_fd)  # read once bwrap is gone: all it will ever have written is there
+    if ns_init is not None:
         try:
-            if pid is not None:
-                kill(pid, signal.SIGKILL)
+            os.kill(ns_init, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    proc.wait()
-    deadline = time.monotonic() + wait_s
-    while ns_init is not None and time.monotonic() < deadline:  # not our child: watch /proc
-        try:
-            with open(f"/proc/{ns_init}/stat") as f:
-                if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
-                    return
-        except OSError:
-            return
+    elif info_fd is None and uid is not None:
+        _kill_uid(uid)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while left := _left_of_run(ns_init, uid):
+        if time.monotonic() > deadline:
+            what = (f"its PID namespace (init pid {ns_init}) still holds processes" if ns_init is not None
+                    else f"processes {left} of its uid {uid} are still alive")
+            raise SandboxError(f"a sandboxed run could not be ended: {what} {KILL_WAIT_S:g} s after SIGKILL "
+                               f"(a process the kernel cannot end, e.g. in uninterruptible sleep)")
         time.sleep(0.005)
+
+
+def _left_of_run(ns_init: int | None, uid: int | None) -> list[int]:
+    """What of the run is still alive: its namespace's init (exited only once the namespace is empty), else
+    the processes of its fresh uid; nothing to watch where it had neither."""
+    if ns_init is not None:
+        return [ns_init] if _alive(ns_init) else []
+    return _processes_of(uid) if uid is not None else []
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` has not exited yet (a zombie has); not our child, so read from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _processes_of(uid: int) -> list[int]:
+    """Processes whose real uid is `uid` and that have not exited (a zombie leader whose other threads
+    still run has not). Read from status: a process can make its /proc folder root's (PR_SET_DUMPABLE)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if line.startswith(("State:", "Uid:", "Threads:")))
+            ruid, state, threads = int(fields["Uid"].split()[0]), fields["State"].split()[0], int(fields["Threads"])
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+        if ruid == uid and (state not in ("Z", "X") or threads > 1):
+            out.append(int(pid))
+    return out
 
 
 def _own_processes() -> int:

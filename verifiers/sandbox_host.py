@@ -145,6 +145,8 @@ class Cgroup:
     killed and removed after the run. `Cgroup.open` returns None where no cgroup is delegated to us."""
 
     _counter = 0
+    _stuck: list[str] = []
+    """Folders of this process's ended runs that `close` could not remove yet: retried at each `open`."""
 
     def __init__(self, version: str, dirs: list[str]):
         self.version, self.dirs = version, dirs
@@ -184,6 +186,14 @@ class Cgroup:
         version, bases = found
         if cls._counter == 0:
             cls._sweep(bases)
+        for d in list(cls._stuck):
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue  # a process of that run is still dying
+            cls._stuck.remove(d)
         cls._counter += 1
         name = f"brorl-sandbox-{os.getpid()}-{cls._counter}"
         dirs = [os.path.join(b, name) for b in bases]
@@ -260,5 +270,6 @@ class Cgroup:
                     os.rmdir(d)
                 except OSError:
                     if time.monotonic() > deadline:
+                        self._stuck.append(d)  # a process outlived the run (`run` raised): retried later
                         break
                     time.sleep(0.005)

@@ -1,14 +1,20 @@
 """The code sandbox contains hostile programs within a time bound and leaves the host unharmed."""
 
+import ctypes
+import glob
 import json
 import os
 import subprocess
+import threading
 import time
+from dataclasses import replace
 
 import pytest
 
 from verifiers import code as code_v
+from verifiers import sandbox
 from verifiers.sandbox import Limits, Sandbox
+from verifiers.sandbox_host import Cgroup
 
 LIM = Limits(cpu_s=2, wall_s=4.0, mem_mb=256, nproc=16)
 BOUND_S = LIM.wall_s + 3  # each hostile run must end within this
@@ -26,11 +32,11 @@ def _run(sb, program, stdin=""):
     return r
 
 
-def _uid_processes():
-    """Live (non-zombie) processes of sandbox uids."""
-    out = subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout.splitlines()
-    rows = [line.split() for line in out]
-    return [u for u, st in rows if u.isdigit() and 1_000_000 <= int(u) < 2_000_000 and not st.startswith("Z")]
+def _uid_processes(uid):
+    """Live (non-zombie) processes of `uid`, a run's own fresh uid: other tests' sandboxed programs (on other
+    pytest workers, at the same moment) run under fresh uids of their own."""
+    out = subprocess.run(["ps", "-eo", "pid=,uid=,stat="], capture_output=True, text=True).stdout.splitlines()
+    return [int(p) for p, u, st in (line.split() for line in out) if int(u) == uid and not st.startswith("Z")]
 
 
 def test_runs_a_normal_program(sb):
@@ -46,8 +52,59 @@ def test_infinite_loop_is_stopped(sb):
 def test_fork_bomb_is_contained(sb):
     r = _run(sb, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
     assert r.returncode != 0 or r.timed_out
-    assert _uid_processes() == []  # nothing it forked survives
+    assert (r.uid is not None) == (os.geteuid() == 0)  # as root, it ran under a fresh uid of its own
+    assert r.uid is None or _uid_processes(r.uid) == []  # nothing it forked survives
     assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
+
+
+PTRACE_SEIZE, PTRACE_DETACH, PTRACE_O_TRACEEXIT = 0x4206, 17, 0x40
+
+
+def test_a_run_whose_process_cannot_die_raises_instead_of_returning(sb, monkeypatch):
+    """`run` returns once nothing of the run is left, or raises: a process of the run that does not die
+    when killed (held at its exit by a ptrace tracer outside the sandbox, as uninterruptible sleep would
+    hold it) makes `run` raise SandboxError, never return while the process lives."""
+    monkeypatch.setattr(sandbox, "KILL_WAIT_S", 0.5, raising=False)
+    tag = f"3600.{os.getpid()}{time.monotonic_ns() % 10**6}"  # sleep's argument marks the process to hold
+    held, release = [], threading.Event()
+
+    def tracer() -> None:  # one thread from seize to detach: a tracer's exit would let the process go
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ptrace.argtypes = [ctypes.c_long] * 4
+        deadline = time.monotonic() + 10
+        while not held and time.monotonic() < deadline:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f.read().split(b"\0")[:2] == [b"sleep", tag.encode()]:
+                            if libc.ptrace(PTRACE_SEIZE, int(pid), 0, PTRACE_O_TRACEEXIT) == 0:
+                                held.append(int(pid))
+                except OSError:
+                    pass
+            time.sleep(0.01)
+        release.wait(60)
+        for pid in held:
+            libc.ptrace(PTRACE_DETACH, pid, 0, 0)
+
+    thread = threading.Thread(target=tracer)
+    thread.start()
+    raised = r = None
+    try:
+        r = sb.run(f"import os\nos.execv('/usr/bin/sleep', ['sleep', '{tag}'])", limits=replace(LIM, wall_s=2.0))
+    except sandbox.SandboxError as e:
+        raised = e
+    finally:
+        release.set()
+        thread.join()
+    assert held, "the tracer never caught the program"
+    assert raised is not None and "could not be ended" in str(raised), f"it returned while the process lived: {r}"
+    deadline = time.monotonic() + 10  # let go, it dies: nothing of the run is left behind by the test
+    while os.path.exists(f"/proc/{held[0]}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{held[0]}")
+    assert sb.run("print(1)").stdout == "1\n"  # and the next run removes the cgroup the failed one kept
+    bases = (Cgroup._parents() or ("", []))[1]
+    assert [d for b in bases for d in glob.glob(os.path.join(b, f"brorl-sandbox-{os.getpid()}-*"))] == []
 
 
 def test_memory_bomb_is_contained(sb):
