@@ -106,9 +106,31 @@ def check_consistency(cfg: "BrorlConfig") -> None:
         raise ValueError(f"learner.init_from {lrn.init_from!r} with model.path {cfg.model.path!r}: set model.path "
                          f"to {str(Path(lrn.init_from) / 'model')!r}, so the actors start from the weights "
                          f"whose optimizer state the learner continues")
+    if lrn.lora_rank:
+        _check_lora(cfg)
     check_fields(cfg)  # GPU placement: double booking, counts (the hardware is checked at launch)
     if lrn.backend == "deepspeed" and lrn.kl_coef > 0 and lrn.zero_stage == 3:
         raise ValueError("learner.zero_stage 3 with learner.kl_coef > 0 is not supported: use stage 2")
+
+
+def _check_lora(cfg: "BrorlConfig") -> None:
+    """What LoRA (`learner.lora_rank` > 0) does not support, each refused in one line."""
+    lrn = cfg.learner
+    if lrn.backend == "deepspeed":
+        raise ValueError("learner.lora_rank with learner.backend = \"deepspeed\": LoRA trains on one device with the "
+                         "torch backend")
+    if lrn.kl_coef > 0:
+        raise ValueError("learner.lora_rank with learner.kl_coef > 0: the reference policy would copy the whole base "
+                         "model; set kl_coef = 0")
+    if lrn.init_from:
+        raise ValueError("learner.lora_rank with learner.init_from: another run's AdamW state is not of these "
+                         "adapters; resume a LoRA run with --resume instead")
+    if not lrn.lora_targets:
+        raise ValueError("learner.lora_rank with empty learner.lora_targets: name the linear layers to adapt")
+    bad = sorted(set(lrn.lora_targets) & {"lm_head", "embed_tokens"})
+    if bad:
+        raise ValueError(f"learner.lora_targets {bad}: only the decoder's linear layers can take adapters (the "
+                         f"log-prob kernels read the LM head's weight directly)")
 
 
 def _is_loopback(host: str) -> bool:

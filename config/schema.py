@@ -279,6 +279,21 @@ class LearnerConfig(Section):
     c·Â, so a token whose ratio ran past c adds no gradient. 0: off (the paper's recipe has none; truncated
     IS already caps the weight of stale tokens)."""
 
+    lora_rank: int = Field(0, ge=0)
+    """LoRA (`learner/lora.py`): train rank-r adapters on `lora_targets` instead of the whole model; the base
+    stays frozen in `model.dtype` on a GPU (float32 on a CPU), the adapters and their AdamW state float32, and
+    the actors receive the merged weights W + (alpha / r)·B·A under the model's own names (no LoRA in the
+    engine). 0: off, full fine-tuning. Not with DeepSpeed, `kl_coef` > 0 or `init_from`."""
+
+    lora_alpha: float = Field(16.0, gt=0.0)
+    """LoRA's alpha: the adapters' update is scaled by alpha / `lora_rank`."""
+
+    lora_targets: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"])
+    """Names (last component) of the linear layers that get adapters: by default the attention and MLP
+    projections of Llama/Qwen/Mistral-style decoders. The embeddings and the LM head cannot be targets (the
+    log-prob kernels read the head's weight directly)."""
+
     backend: Literal["torch", "deepspeed"] = "torch"
     """Training backend: plain torch (CPU or one GPU) or DeepSpeed ZeRO (several GPUs)."""
 

@@ -76,11 +76,15 @@ class TorchBackend:
     def full_shape(self, t: torch.Tensor) -> torch.Size:
         return t.shape
 
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters AdamW updates (with LoRA the adapters only: the frozen base has no optimizer state)."""
+        return [p for p in self.module.parameters() if p.requires_grad]
+
     def _make_optimizer(self) -> torch.optim.Optimizer:
         # on a GPU, one fused kernel for the whole update: one pass over weights and moments, not several
         fused = torch.device(self.cfg.device).type == "cuda"
         return torch.optim.AdamW(
-            self.module.parameters(), lr=self.cfg.lr, betas=BETAS, eps=ADAM_EPS,
+            self.trainable(), lr=self.cfg.lr, betas=BETAS, eps=ADAM_EPS,
             weight_decay=self.cfg.weight_decay, **({"fused": True} if fused else {}),
         )
 
@@ -88,7 +92,7 @@ class TorchBackend:
         loss.backward()
 
     def step(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable(), self.cfg.grad_clip)
         if torch.isfinite(norm):  # a non-finite gradient never reaches the weights or the AdamW moments
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

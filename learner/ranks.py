@@ -148,6 +148,8 @@ class Ranks:
     def entries(self, trainer, first: int = 0, last: int | None = None):
         """Rank 0, a context: the model's state_dict entries [first, last) whole (the weight broadcast's
         buckets; all of them for a checkpoint)."""
+        if getattr(trainer, "lora", None) is not None:  # LoRA (one rank): merged weights under the base's names
+            return contextlib.nullcontext(trainer.lora.tensors(first, last))
         tensors = list(trainer.model.state_dict(keep_vars=True).values())
         span = None if first == 0 and last is None else (first, last)
         return self.whole(trainer.backend, tensors[first:last], span)
@@ -158,6 +160,8 @@ class Ranks:
         plan is made of, also while ZeRO-3 holds only a shard of each parameter."""
         import torch
 
+        if getattr(trainer, "lora", None) is not None:
+            return trainer.lora.named_shapes()
         full = trainer.backend.full_shape
         return [(k, torch.empty(full(v), dtype=v.dtype, device="meta"))
                 for k, v in trainer.model.state_dict(keep_vars=True).items()]
@@ -236,20 +240,31 @@ def decode_share(head: dict, buf):
     return RankShare(out, skip=head["skip"], table=table)
 
 
-def build_trainer(cfg: BrorlConfig, model_dir: str | Path, ranks: Ranks | None = None):
+def build_trainer(cfg: BrorlConfig, model_dir: str | Path, ranks: Ranks | None = None, adapters: Path | None = None):
     """The model (float32 master weights whatever model.dtype is: that is the compute (autocast) and serving
-    dtype), its tokenizer and the trainer: the same on every rank."""
+    dtype), its tokenizer and the trainer: the same on every rank. With `learner.lora_rank`: the frozen base
+    from `model_dir` in `learner.lora.base_dtype`, LoRA adapters (those saved in checkpoint folder `adapters`,
+    if given) in float32."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from learner import lora
 
     torch.manual_seed(cfg.learner.seed)
     if cfg.run.reproducible:
         torch.use_deterministic_algorithms(True)  # CPU ops are; CUDA ones that are not then raise, naming the op
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    compute = getattr(torch, cfg.model.dtype)
+    lrn = cfg.learner
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=lora.base_dtype(lrn, compute) if lrn.lora_rank else torch.float32)
+    if lrn.lora_rank:
+        model = lora.add_adapters(model, lrn)
+        if adapters is not None:
+            lora.load_adapters(model, adapters)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     trainer = Trainer(model, cfg.learner, cfg.job, max_tokens=cfg.actor.max_tokens,
                       temperature=cfg.actor.temperature,
-                      pad_id=tokenizer.eos_token_id, compute_dtype=getattr(torch, cfg.model.dtype), ranks=ranks)
+                      pad_id=tokenizer.eos_token_id, compute_dtype=compute, ranks=ranks)
     return trainer, tokenizer
 
 

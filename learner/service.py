@@ -27,6 +27,7 @@ from learner.membership import Membership, WeightSync
 from learner.diagnose import BUSY, cause, why_no_batch
 from learner.heldout import HeldoutEstimate
 from learner.intake import Intake
+from learner.lora import save_adapters
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
 from learner.metrics import ACTOR_COUNTERS, MetricsWriter, open_append
 from learner.ranks import Ranks, build_trainer, follow, join_ranks
@@ -87,7 +88,11 @@ class LearnerService:
                              f"{self.ranks.world}): the optimizer state is sharded by rank")
         self.ranks.command("start", [(str(start.path), saved.step if saved else 0) if start else ("", 0)]
                            * self.ranks.world)
-        self.trainer, self.tokenizer = build_trainer(cfg, start.model_dir if start else cfg.model.path, self.ranks)
+        if cfg.learner.lora_rank:  # the base from model.path again, the adapters from the checkpoint
+            self.trainer, self.tokenizer = build_trainer(cfg, cfg.model.path, self.ranks,
+                                                         adapters=start.path if start else None)
+        else:
+            self.trainer, self.tokenizer = build_trainer(cfg, start.model_dir if start else cfg.model.path, self.ranks)
         if start is not None and saved is None:
             self.trainer.backend.load_optimizer_state(Checkpointer.load_optimizer(start.path, 0))
             self.trainer.backend.set_lr(self.trainer.lr)
@@ -266,8 +271,12 @@ class LearnerService:
         """Write `state` (`state_dict()`, taken on the event loop: prompts granted meanwhile must not half-change
         the dispatcher's cursor and pending set it holds) and the model; in a worker thread."""
         def write_model(d: Path) -> None:
-            with self.ranks.entries(self.trainer):  # ZeRO-3: the whole model, gathered while it is written
-                self.trainer.model.save_pretrained(d, safe_serialization=True)
+            if self.trainer.lora is not None:  # the merged model (what eval and vLLM load); the adapters beside it
+                self.trainer.model.save_pretrained(d, state_dict=self.trainer.lora.state_dict(), safe_serialization=True)
+                save_adapters(self.trainer.model, d.parent)
+            else:
+                with self.ranks.entries(self.trainer):  # ZeRO-3: the whole model, gathered while it is written
+                    self.trainer.model.save_pretrained(d, safe_serialization=True)
             self.tokenizer.save_pretrained(d)
 
         def write_shards(d: Path) -> None:  # every other rank writes its optimizer shard into the folder

@@ -49,6 +49,7 @@ from learner.flops import ModelShape, peak_flops
 from learner.batch import build, prefetched
 from learner.kernels import apply_liger_kernels
 from learner.logprobs import token_logprobs
+from learner.lora import MergedView
 from learner.microbatch import Micro, RankShare
 from learner.packing import use_packed_attention
 from learner.planning import FlatGroup, TrainGroup, plan_step
@@ -78,7 +79,9 @@ class Trainer:
         compute_dtype: torch.dtype = torch.float32,
         ranks: "Ranks | None" = None,
     ):
-        low = sorted({str(p.dtype) for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)})
+        # (a LoRA base is frozen in the compute dtype: only what AdamW updates must be float32)
+        low = sorted({str(p.dtype) for p in model.parameters()
+                      if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)})
         if low:
             raise ValueError(
                 f"the learner's model has {', '.join(low)} parameters: AdamW would update them in place and "
@@ -103,6 +106,8 @@ class Trainer:
         self.min_tokens = min_tokens(model, cfg.device) if cfg.compile else 0
         """Tokens a micro-batch is padded up to (`learner.compiling.min_tokens`: one compiled regime on a GPU)."""
         self.backend = backend or make_backend(model, cfg)
+        self.lora = MergedView(self.model) if cfg.lora_rank else None
+        """`learner.lora_rank`: the merged weights the actors and checkpoints get (`learner/lora.py`)."""
         self.ranks = ranks  # rank 0 hands the others their shares through it (else every rank plans alike)
         self.state = StepState()
         self.samples_per_step = job.prompts_per_step * job.n_samples
@@ -172,7 +177,9 @@ class Trainer:
             if self.state.ref_model is not None:
                 self._logp(self.state.ref_model, packed, grad=False)
             logp, _ = self._logp(self.model, packed, grad=True)
-            torch.autograd.grad(logp[packed.mask].sum(), [emb.weight])
+            # the backward through every layer: to the embeddings, or with LoRA (a frozen base) to the adapters
+            wrt = [emb.weight] if emb.weight.requires_grad else [p for p in self.model.parameters() if p.requires_grad]
+            torch.autograd.grad(logp[packed.mask].sum(), wrt)
         return time.perf_counter() - t0
 
     def step(self, groups: list[TrainGroup | FlatGroup]) -> dict[str, float]:

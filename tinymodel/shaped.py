@@ -1,4 +1,4 @@
-"""A model of a real model's shape (Qwen2-1.5B by default), random weights, with a tokenizer of its full
+"""A model of a real model's shape (Qwen2-1.5B by default; Llama 3 8B), random weights, with a tokenizer of its full
 vocabulary: what the GPU benchmarks run the whole loop on when no checkpoint may be downloaded.
 
     python -m tinymodel.shaped OUT_DIR [--shape qwen2-1.5b] [--dtype bfloat16]
@@ -23,6 +23,10 @@ SHAPES = {
     "qwen2-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                        num_key_value_heads=2, vocab_size=151_936, max_position_embeddings=32_768,
                        rope_theta=1_000_000.0, rms_norm_eps=1e-6),
+    # Llama 3 8B (untied head; no rope scaling, which random weights do not need): the one-GPU LoRA case
+    "llama3-8b": dict(arch="llama", tie_word_embeddings=False, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128_256,
+                      max_position_embeddings=8192, rope_theta=500_000.0, rms_norm_eps=1e-5),
     # the same construction at a size a 2-core CPU runs in seconds (tests, `bench.e2e --quick`)
     "small": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, vocab_size=4096, max_position_embeddings=2048),
@@ -55,7 +59,7 @@ def build_shaped_model(out_dir: str | Path, shape: str = "qwen2-1.5b", *, seed: 
                        dtype: str = "bfloat16", device: str = "cpu") -> Path:
     """Write config, tokenizer and random weights (in `dtype`) of `shape` to `out_dir`; returns it."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: one of {', '.join(SHAPES)}")
@@ -63,11 +67,13 @@ def build_shaped_model(out_dir: str | Path, shape: str = "qwen2-1.5b", *, seed: 
     out.mkdir(parents=True, exist_ok=True)
     tok = char_tokenizer(SHAPES[shape]["vocab_size"])
     eos = tok.convert_tokens_to_ids(EOS)
-    cfg = Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos,
-                      pad_token_id=eos, torch_dtype=dtype)
+    spec = {"arch": "qwen2", "tie_word_embeddings": True, **SHAPES[shape]}
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                             "llama": (LlamaConfig, LlamaForCausalLM)}[spec.pop("arch")]
+    cfg = config_cls(**spec, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, torch_dtype=dtype)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+        model = model_cls(cfg).to(getattr(torch, dtype))
     model.generation_config.eos_token_id = model.generation_config.pad_token_id = eos
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)

@@ -97,6 +97,16 @@ elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = rest ]; then
   LIMIT=240 step k_recompiles env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --tag "${TAG}rc" --mfu-add \
        '[{"groups": 8, "n": 8, "lengths": "realistic", "prompt": 256, "completion": 4096, "steps": 2, "compile": true,
           "backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768, "logprob_kernel": "chunked"}]'
+  # an 8B model on the one card by LoRA (learner.lora_rank; Llama 3 8B's shape, random weights): the frozen bf16
+  # base and rank-16 adapters beside the engine, merged weights over CUDA IPC; recomputation on (8B's activations
+  # at 16k-token passes would not fit beside the engine), uncompiled (LoRA's compiled layers are checked on CPU only)
+  (while sleep 30; do runs lora; done) &
+  snap=$!
+  LIMIT=900 step lora8b python3 -m bench.e2e --shape llama3-8b --cases 1:16:keep --steps 4 --raw-steps 1 --share-gpu \
+       --set learner.lora_rank=16 --set learner.lora_alpha=32 --set learner.lr=1e-5 \
+       --set learner.activation_checkpointing=true --set learner.compile=false --tag "${TAG}lora8b"
+  kill $snap; runs lora
+  keep_bench "e2e_${TAG}lora8b*"
 elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = timeshare ]; then
   # one GPU, how learner and engine share it (actor.share_gpu): share_pair at N = 16 and 512
   for N in 16 512; do share_pair "$N"; done

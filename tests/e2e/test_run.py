@@ -115,3 +115,41 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
                and h["pass_at_1"] == pytest.approx(sum(h["correct"]) / (k * len(h["correct"]))) for h in held)
     panel = status_lines(rows, 10, 0, held)
     assert panel[0].startswith("[brorl run] step   10/10") and "10:" in panel[3] and "100.0%" in panel[1]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_lora_run_serves_merged_weights_and_resumes(warm_model_dir, tmp_path):
+    """`learner.lora_rank`: the actor's engine (no LoRA of its own) gets the merged weights at every version,
+    so its behaviour log-probs are the learner's (on-policy: max_staleness 0) to float32 rounding; a checkpoint
+    holds the merged model under the base's names and the adapters; a resume continues from them."""
+    import torch
+    from safetensors.torch import load_file
+
+    from transport.ports import free_ports
+
+    run_dir = tmp_path / "run"
+    port = free_ports(3)
+    over = {"model.path": warm_model_dir, "run.run_dir": str(run_dir), "learner.steps": 3,
+            "learner.checkpoint_interval": 2, "job.prompts_per_step": 4, "job.n_samples": 8,
+            "job.max_staleness": 0, "learner.lora_rank": 8, "learner.lr": 1e-2, "run.eval_interval": 0,
+            "transport.work_port": port, "transport.rollout_port": port + 1, "transport.control_port": port + 2}
+    for steps, resume in ((3, False), (5, True)):
+        la = Launcher(load_config("tiny-cpu", {**over, "learner.steps": steps}), resume=resume, quiet=True)
+        la.start()
+        try:
+            assert la.wait() == 0
+        finally:
+            la.stop()
+    rows = read(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    # weights of the step before, merged: any drift from the learner's model would show here (one step at this
+    # rate moves the policy by far more)
+    assert all(r["mismatch_kl"] < 1e-4 for r in rows), [r["mismatch_kl"] for r in rows]
+    assert "reports weights" not in (run_dir / "logs" / "learner.log").read_text()  # checksums agreed
+    st = Checkpointer(run_dir).latest()
+    assert st.step == 5 and (st.path / "adapter.safetensors").exists()
+    merged, base = load_file(str(st.model_dir / "model.safetensors")), load_file(f"{warm_model_dir}/model.safetensors")
+    assert set(merged) == set(base)  # the base model's names, no adapter tensors: vLLM and `brorl eval` load it
+    assert any(not torch.equal(merged[k], base[k]) for k in base if k.endswith("q_proj.weight"))
+    assert all(torch.equal(merged[k], base[k]) for k in base if "norm" in k or "embed" in k)

@@ -509,3 +509,87 @@ def test_a_deepspeed_start_builds_no_op_so_a_stale_build_lock_cannot_hang_it(tmp
                        text=True, timeout=120, env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)})
     assert r.returncode == 0 and "started 1" in r.stdout, r.stderr[-2000:]
     assert sorted(p.name for p in ext.rglob("*")) == ["deepspeed_shm_comm", "lock"]  # nothing was built
+
+
+def _lora_trainer(model_dir, groups, eos, dtype=torch.float32, **over):
+    from learner.lora import add_adapters
+
+    torch.manual_seed(0)
+    cfg = LearnerConfig(**{"num_minibatches": 2, "lr": 1e-2, "lora_rank": 8, "lora_alpha": 16.0, **over})
+    model = add_adapters(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype), cfg)
+    return Trainer(model, cfg, JobConfig(n_samples=8, prompts_per_step=len(groups)), pad_id=eos,
+                   compute_dtype=dtype)
+
+
+def test_lora_trains_the_adapters_only_and_serves_the_merged_model(tiny_model_dir, tmp_path):
+    """`learner.lora_rank`: the base stays bit-identical across steps and gets no gradient; only the adapters
+    have AdamW state; the weights the actors get are the base model's names with W + (alpha / r)·B·A (peft's own
+    merge, on a copy, as the reference), and that model computes the trained model's log-probs. A resume from
+    the saved adapters and optimizer state continues exactly: the next step equals the uninterrupted one's."""
+    import copy
+
+    from peft.tuners.lora import LoraLayer
+
+    from learner.lora import is_adapter, load_adapters, save_adapters
+
+    groups, eos = fixed_groups(tiny_model_dir)
+    names = list(AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict())
+    tr = _lora_trainer(tiny_model_dir, groups, eos)
+    model = tr.model
+    base = {k: v.clone() for k, v in model.state_dict().items() if not is_adapter(k)}
+    adapters = {n for n, p in model.named_parameters() if is_adapter(n)}
+    assert adapters and {n for n, p in model.named_parameters() if p.requires_grad} == adapters
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if n in adapters)
+    for _ in range(2):
+        tr.step(groups)
+    assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items() if k in base)
+    assert all(p.grad is None for n, p in model.named_parameters() if n not in adapters)
+    opt = tr.backend.optimizer
+    assert {id(p) for p in opt.state} == {id(p) for n, p in model.named_parameters() if n in adapters}
+    # the served weights: the model's own names, merged; equal to peft's merge of a copy
+    served = tr.lora.state_dict()
+    assert list(served) == names
+    ref = copy.deepcopy(model)
+    for m in ref.modules():
+        if isinstance(m, LoraLayer):
+            m.merge()
+    ref_sd = {k.replace(".base_layer.", "."): v for k, v in ref.state_dict().items() if not is_adapter(k)}
+    unmerged = {k.replace(".base_layer.", "."): v for k, v in base.items()}
+    moved = [k for k in names if not torch.equal(served[k], unmerged[k])]
+    targeted = [k for k in names if k.endswith(".weight") and k.split(".")[-2] in tr.cfg.lora_targets]
+    assert moved == targeted and len(targeted) >= 7  # every targeted projection carries its adapter's update
+    for k in names:
+        torch.testing.assert_close(served[k], ref_sd[k], rtol=1e-6, atol=1e-7, msg=lambda s: f"{k}: {s}")
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    plain.load_state_dict(served)
+    b = pack([g.prompt_ids for g in groups], [g.completion_ids[0] for g in groups])
+    with torch.no_grad():
+        torch.testing.assert_close(token_logprobs(plain, b)[0], token_logprobs(model, b)[0], rtol=1e-5, atol=1e-5)
+    # resume: base from the model folder, adapters and optimizer state from the "checkpoint"
+    save_adapters(model, tmp_path)
+    state = copy.deepcopy(tr.state_dict())
+    again = _lora_trainer(tiny_model_dir, groups, eos)
+    load_adapters(again.model, tmp_path)
+    again.load_state_dict(state)
+    tr.step(groups)
+    again.step(groups)
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), again.model.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), k
+
+
+def test_a_lora_base_in_bf16_keeps_float32_adapters_and_lora_refusals(tiny_model_dir):
+    """On a GPU the frozen base is held in the compute dtype: the trainer accepts it (only what AdamW updates
+    must be float32) and serves bf16; what LoRA does not support is refused when the config loads."""
+    from config.schema import BrorlConfig
+
+    groups, eos = fixed_groups(tiny_model_dir, groups=1)
+    tr = _lora_trainer(tiny_model_dir, groups, eos, dtype=torch.bfloat16)
+    assert {p.dtype for p in tr.model.parameters() if p.requires_grad} == {torch.float32}
+    assert {p.dtype for p in tr.model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    assert {t.dtype for _, t in tr.lora.named_shapes()} == {torch.bfloat16}
+    for bad, why in (({"backend": "deepspeed"}, "deepspeed"), ({"kl_coef": 0.1}, "kl_coef"),
+                     ({"lora_targets": ["q_proj", "lm_head"]}, "lm_head"), ({"lora_targets": []}, "empty")):
+        with pytest.raises(ValueError, match=f"learner.lora_rank.*{why}|lora_targets.*{why}"):
+            BrorlConfig(learner={"lora_rank": 8, **bad})
+    with pytest.raises(ValueError, match="lora_targets.*nothing_here"):
+        _lora_trainer(tiny_model_dir, groups, eos, lora_targets=["nothing_here"])
