@@ -77,9 +77,9 @@ def check_consistency(cfg: "BrorlConfig") -> None:
     if lrn.compile and (lrn.share_prompt or (lrn.backend == "deepspeed" and lrn.zero_stage == 3)):
         raise ValueError("learner.compile works with neither learner.share_prompt nor learner.zero_stage = 3 "
                          "(the shared prompt's key/value cache and ZeRO-3's parameter hooks are not traced)")
-    if lrn.packing and (lrn.share_prompt or lrn.compile):
-        raise ValueError(f"learner.packing with learner.{'share_prompt' if lrn.share_prompt else 'compile'}: packed "
-                         f"sequences run neither a shared prompt's cache nor compiled layers; turn one off")
+    if lrn.packing and lrn.share_prompt:
+        raise ValueError("learner.packing with learner.share_prompt: a packed row has no one prompt to compute "
+                         "once (its samples are of several groups); turn one off")
     if lrn.activation_checkpointing_fraction < 1 and not lrn.activation_checkpointing:
         raise ValueError(f"learner.activation_checkpointing_fraction = {lrn.activation_checkpointing_fraction} "
                          f"with learner.activation_checkpointing off: nothing is recomputed; turn it on")
