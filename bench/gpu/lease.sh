@@ -87,8 +87,11 @@ print(max(rate, key=rate.get))" || echo corun)
   peer_pair 512 1 3 200 240 --brorl-set "actor.share_gpu=$mode"
 elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = rest ]; then
   # one GPU, what the share plan's leases left unmeasured, most wanted first: packed against padded passes on
-  # realistic lengths (uncompiled both, 16k-token passes); brorl beside TRL at N = 512 (one prompt a step); the
-  # gpu tests; the realistic compiled case with the compiler's recompilations logged
+  # realistic lengths, compiled both (the compiler's recompilations logged), then uncompiled both (16k-token
+  # passes); brorl beside TRL at N = 512 (one prompt a step); the gpu tests; the realistic compiled case with the
+  # compiler's recompilations logged
+  LIMIT=480 step k_pcomp env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --kernels packed-compiled --tag "$TAG"
+  keep_bench "learner_gpu_${TAG}*"
   LIMIT=330 step k_pack python3 -m bench.learner --gpu --kernels packed --tag "$TAG"
   keep_bench "learner_gpu_${TAG}*"
   peer_pair 512 1 3 200 240
