@@ -94,7 +94,7 @@ def main() -> None:
                     "over the compiled 4k-token case (e.g. '[{\"backend\": \"torch\"}]'), run and merged into the "
                     "kept rows (a row with the same settings is replaced)")
     ap.add_argument("--kernels", default="", help="GPU mode: the log-prob and layer kernels compared, one set "
-                    "(fixed, fixed-liger, fixed-memory, realistic, realistic-liger, packed; bench/learner_gpu.py), merged into the MFU rows")
+                    "(fixed, fixed-liger, fixed-memory, realistic, realistic-liger, packed, packed-compiled; bench/learner_gpu.py), merged into the MFU rows")
     ap.add_argument("--tag", default="", help="GPU mode: results file suffix (bench/results/learner_gpu_TAG.json)")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -20,7 +20,9 @@ Cases:
             logits kept, chunked, liger) and Liger's layer kernels (`learner.liger_kernels`) over the best one-GPU
             settings (torch, no recomputation, 32k-token micro-batches, compiled; the second step timed), on the
             fixed 4,096-token case and on realistic lengths (`REALISTIC`: 8 groups × N = 8, prompts 256–1k,
-            completions log-normal around 3k, cut at 16k). Tokens/s and MFU count real tokens only: padding is waste.
+            completions log-normal around 3k, cut at 16k); `packed` and `packed-compiled`: padded against packed
+            passes (`learner.packing`) on realistic lengths, uncompiled both and compiled both. Tokens/s and MFU
+            count real tokens only: padding is waste.
 
 Model FLOPs of a step: the learner's own count (`learner/flops.py`: per sample, the training forward and
 backward, π_old's forward outside the first mini-batch; recomputation does not count). MFU = those FLOPs /
@@ -265,10 +267,15 @@ KERNEL_SETS = {
                      {"logprob_kernel": "chunked", "logprob_chunk_mb": 2048}],
     "realistic": [{**REAL, **KEPT}, {**REAL, "logprob_kernel": "chunked"}],
     "realistic-liger": [{**REAL, "logprob_kernel": "liger"}],
-    # uncompiled all (packing runs uncompiled, and keeps more activations: 32k-token passes run out of memory):
-    # what padding's masked attention costs against varlen attention, then with Liger's layer kernels
+    # uncompiled all (the first packed runs were uncompiled; uncompiled layers keep more activations: 16k-token
+    # passes): what padding's masked attention costs against varlen attention, then with Liger's layer kernels
     "packed": [{**REAL, **EAGER, "logprob_kernel": "chunked"}, {**REAL, **EAGER, "logprob_kernel": "chunked", "packing": True},
                {**REAL, **EAGER, "logprob_kernel": "chunked", "packing": True, "liger_kernels": True}],
+    # compiled both, at the packed set's 16k-token passes: packed against padded passes, without Liger's layer
+    # kernels (refused with compile)
+    "packed-compiled": [{**REAL, "logprob_kernel": "chunked", "micro_batch_tokens": 16384, "liger_kernels": False},
+                        {**REAL, "logprob_kernel": "chunked", "micro_batch_tokens": 16384, "liger_kernels": False,
+                         "packing": True}],
 }
 """`--kernels SET`: the rows each set adds over `BEST_ONE_GPU` (one lease command each, under 4 minutes)."""
 

@@ -80,10 +80,10 @@ def check_consistency(cfg: "BrorlConfig") -> None:
     if lrn.liger_kernels and lrn.compile:
         raise ValueError("learner.liger_kernels with learner.compile: torch.compile cannot trace Liger's fused "
                          "RMSNorm (its autograd Function fails in dynamo); turn one off (compiled layers are "
-                         "the faster of the two on a GPU; learner.packing runs uncompiled with Liger's kernels)")
-    if lrn.packing and (lrn.share_prompt or lrn.compile):
-        raise ValueError(f"learner.packing with learner.{'share_prompt' if lrn.share_prompt else 'compile'}: packed "
-                         f"sequences run neither a shared prompt's cache nor compiled layers; turn one off")
+                         "the faster of the two on a GPU)")
+    if lrn.packing and lrn.share_prompt:
+        raise ValueError("learner.packing with learner.share_prompt: a packed row has no one prompt to compute "
+                         "once (its samples are of several groups); turn one off")
     if lrn.activation_checkpointing_fraction < 1 and not lrn.activation_checkpointing:
         raise ValueError(f"learner.activation_checkpointing_fraction = {lrn.activation_checkpointing_fraction} "
                          f"with learner.activation_checkpointing off: nothing is recomputed; turn it on")

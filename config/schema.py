@@ -197,8 +197,9 @@ class LearnerConfig(Section):
     """Packed sequences: a micro-batch's samples concatenated into one row without any padding, position ids
     restarting at each sample and attention kept within each (on CUDA torch's variable-length flash attention,
     elsewhere an exact block-diagonal mask); micro-batches filled up to `micro_batch_tokens` tokens. The same
-    loss and gradients as padded rows (tested). Off by default; not with
-    `share_prompt` or `compile`."""
+    loss and gradients as padded rows (tested). With `compile` the layers are compiled for packed rows (the
+    warm-up compiles them: one sample or several, with and without gradients). Off by default; not with
+    `share_prompt`."""
 
     share_prompt: bool = False
     """Compute each group's prompt once per micro-batch: the decoder runs on the prompt, then on the
@@ -217,8 +218,9 @@ class LearnerConfig(Section):
     compile: bool = False
     """Compile each decoder layer and the log-prob chunk with `torch.compile` (dynamic shapes): the norms,
     rotary embedding, activation and log-softmax run as fused kernels instead of one pass over memory
-    each. The first steps pay the compilation (each new shape class once). Not with `share_prompt` or
-    ZeRO-3, whose per-layer caches and parameter hooks the compiler would have to trace."""
+    each. A warm-up before the first step compiles every variant the steps meet (padded rows, or packed ones
+    with `packing`). Not with `share_prompt` or ZeRO-3, whose per-layer caches and parameter hooks the
+    compiler would have to trace."""
 
     logprob_chunk_mb: float = Field(256.0, gt=0.0)
     """MiB of float32 logits materialised at once when computing log-probs: response tokens go

@@ -1,9 +1,9 @@
 """`learner.compile`: the decoder layers under torch.compile, and their compilation before the first step.
 
 A compiled layer meets several variants in ordinary training (grad mode, a mask or none, one row or
-more), each compiled the first time it comes. Left to chance, a new variant arrives mid-run (a step with
-a long completion alone in its micro-batch, or without padding) and that step stalls on a GPU
-while the actors wait for the next weights. `Trainer.warm_up` compiles them all at the start on the tiny
+more; packed rows, `learner.packing`: one sample or several), each compiled the first time it comes. Left to
+chance, a new variant arrives mid-run (a step with a long completion alone in its micro-batch, or without
+padding) and that step stalls on a GPU while the actors wait for the next weights. `Trainer.warm_up` compiles them all at the start on the tiny
 synthetic micro-batches of `warm_up_batches`; `WarmUp` runs it on every rank at the start of the first step.
 """
 
@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
+from learner.batch import SampleTable, build
 from learner.logprobs import pack
 
 if TYPE_CHECKING:
@@ -62,7 +64,11 @@ WARM_UP_LENGTHS = ([29, 17, 23], [35, 35, 35], [29], [35])
 """Completion lengths of the warm-up's micro-batches (a 5-token prompt each, padded to 40): padded rows, rows
 without padding (transformers then drops the mask), and a single row (torch specialises a size of 1) with
 and without padding. No size equals another within a batch (torch assumes that sizes seen equal stay
-equal). With a `min_tokens` floor the same four shapes are scaled up to it (`warm_up_lengths`)."""
+equal). With a `min_tokens` floor the same four shapes are scaled up to it (`warm_up_lengths`).
+Packed (`learner.packing`), the same samples make one row each: several samples and a padding tail (itself a
+sample of the boundaries), several that fill the row, one sample and a tail, and one sample alone (boundaries
+[0, L], its length the row's); the first row's length, boundary count and longest sample all differ, so the
+variant compiled first is the general one."""
 
 
 def min_tokens(model: torch.nn.Module, device: str | torch.device) -> int:
@@ -96,13 +102,22 @@ def warm_up_lengths(floor: int) -> tuple[list[int], ...]:
     return ([l3 - 11, l3 - 23, l3 - 17], [l3 - 5] * 3, [l1 - 11], [l1 - 5])
 
 
-def warm_up_batches(vocab: int, pad_id: int, device: str | torch.device, floor: int):
-    """The warm-up's synthetic micro-batches (`warm_up_lengths` above `floor`), packed as a compiled step packs
-    its own, one at a time; token ids below `vocab`. `Trainer.warm_up` runs its passes on them."""
+def warm_up_batches(vocab: int, pad_id: int, device: str | torch.device, floor: int, packed: bool = False):
+    """The warm-up's synthetic micro-batches (`warm_up_lengths` above `floor`), laid out as a compiled step lays
+    out its own (padded rows, or `packed`: one packed row each, `learner.packing`), one at a time; token ids below
+    `vocab`. `Trainer.warm_up` runs its passes on them."""
     ids = lambda n, k: [(7 * i + k) % vocab for i in range(n)]  # noqa: E731
     for lengths in warm_up_lengths(floor):
-        yield pack([ids(5, 1)] * len(lengths), [ids(n, 3) for n in lengths], pad_id, device,
-                   multiple=PAD_MULTIPLE, min_tokens=floor)
+        prompts, comps = [ids(5, 1)] * len(lengths), [ids(n, 3) for n in lengths]
+        if not packed:
+            yield pack(prompts, comps, pad_id, device, multiple=PAD_MULTIPLE, min_tokens=floor)
+            continue
+        off = lambda seqs: np.cumsum([0] + [len(x) for x in seqs])  # noqa: E731
+        table = SampleTable(prompts=np.concatenate(prompts), prompt_off=off(prompts), tokens=np.concatenate(comps),
+                            behav=np.zeros(sum(lengths)), comp_off=off(comps), prompt_of=np.arange(len(lengths)),
+                            adv=np.zeros(len(lengths)))
+        yield build(table, np.arange(len(lengths)), pad_id=pad_id, layout="packed", multiple=PAD_MULTIPLE,
+                    min_tokens=floor).to(device).packed
 
 
 class WarmUp:

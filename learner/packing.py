@@ -8,7 +8,11 @@ The samples' boundaries reach every attention layer as transformers' flash-atten
     (`torch.nn.attention.varlen.varlen_attn`), causal within each sample, Σ len² work instead of rows × L²;
   * a packed pass elsewhere (CPU, float32): scaled_dot_product_attention with the block-diagonal causal mask
     the boundaries define — exact, the reference the tests compare with;
-  * a padded pass (no boundaries given: `pack`, the compile warm-up): transformers' own sdpa with its mask.
+  * a padded pass (no boundaries given: `pack`): transformers' own sdpa with its mask.
+Under `learner.compile` the attention is traced into each compiled decoder layer, in one graph: it reads nothing
+back from the device (the longest sample's length reaches varlen_attn as the int, symbolic there, that it was
+given; torch's op has a fake kernel for tracing), so one compiled variant serves rows of any length, any number
+of samples and any longest sample.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ATTENTION = "brorl_varlen"
 """The attention implementation name registered with transformers."""
 
 _registered = False
+_VARLEN = None
+"""`_varlen()`, looked up once by `use_packed_attention`: not in every pass, nor inside a compiled layer."""
 
 
 def _varlen():
@@ -35,9 +42,10 @@ def _varlen():
 
 
 def _segments(cu: torch.Tensor, total: int) -> torch.Tensor:
-    """long[total]: the sample each position belongs to, from the boundaries cu (int32[n + 1])."""
-    return torch.repeat_interleave(torch.arange(cu.numel() - 1, device=cu.device), (cu[1:] - cu[:-1]).long(),
-                                   output_size=total)
+    """long[total]: the sample each position belongs to, from the boundaries cu (int32[n + 1]): how many samples
+    start at or before it, less one (no slice of cu: compiled, a slice's size would specialise on one sample)."""
+    pos = torch.arange(total, device=cu.device, dtype=cu.dtype)
+    return torch.searchsorted(cu, pos, right=True) - 1
 
 
 def _masked(query, key, value, cu, scaling, sliding_window):
@@ -60,8 +68,6 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
                      sliding_window=None, softcap=None, cu_seq_lens_q=None, max_length_q=None, **kwargs):
     """transformers' attention interface: query [1, Hq, L, D], key/value [1, Hkv, L, D] -> ([1, L, Hq, D], None)."""
     if cu_seq_lens_q is None:  # a padded pass: transformers' sdpa with the mask it built
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, softcap=softcap, **kwargs)
     if softcap:
@@ -71,17 +77,22 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         raise ValueError("learner.packing: attention dropout is on; the learner trains without dropout")
     if query.shape[0] != 1:
         raise ValueError(f"learner.packing: a packed pass has one row, got {query.shape[0]}")
-    varlen = _varlen()
+    varlen = _VARLEN
     dtype = query.dtype
     if query.is_cuda and dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
         # under autocast the rotary embedding leaves q and k in float32; sdpa would cast them itself
         dtype = torch.get_autocast_dtype("cuda")
-    fast = varlen is not None and query.is_cuda and dtype in (torch.float16, torch.bfloat16)
-    if fast and sliding_window and "window_size" not in varlen[1]:
-        fast = False  # this torch's varlen_attn has no window: the exact masked path
-    if not fast:
+    fast = _flash_runs(query, dtype) and not (sliding_window and "window_size" not in varlen[1])
+    if not fast:  # (a window this torch's varlen_attn lacks: the exact masked path too)
         return _masked(query, key, value, cu_seq_lens_q, scaling, sliding_window), None
-    return _flash(*varlen, query, key, value, cu_seq_lens_q, int(max_length_q), scaling, sliding_window, dtype), None
+    # max_length_q as given (a symbolic int in a compiled layer): no conversion that could read the device or
+    # specialise the compiled layer on one longest sample
+    return _flash(*varlen, query, key, value, cu_seq_lens_q, max_length_q, scaling, sliding_window, dtype), None
+
+
+def _flash_runs(query: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Does torch's varlen flash attention run this pass: this torch has it, on CUDA, in bf16 or fp16."""
+    return _VARLEN is not None and query.is_cuda and dtype in (torch.float16, torch.bfloat16)
 
 
 def _flash(fn, takes, query, key, value, cu, m, scaling, sliding_window, dtype):
@@ -136,6 +147,8 @@ def register() -> None:
 def use_packed_attention(model: torch.nn.Module) -> None:
     """The model's attention becomes `ATTENTION` (padded passes compute as with sdpa; packed ones stay
     within each sample)."""
+    global _VARLEN
+    _VARLEN = _varlen()
     register()
     try:
         model.set_attn_implementation(ATTENTION)

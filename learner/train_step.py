@@ -93,8 +93,8 @@ class Trainer:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.pad_id = pad_id
-        if cfg.packing and (cfg.share_prompt or cfg.compile):
-            raise ValueError("learner.packing works with neither learner.share_prompt nor learner.compile: turn one off")
+        if cfg.packing and cfg.share_prompt:
+            raise ValueError("learner.packing does not work with learner.share_prompt: turn one off")
         if cfg.packing:
             use_packed_attention(model)
         if cfg.activation_checkpointing:
@@ -172,7 +172,8 @@ class Trainer:
             return 0.0
         t0 = time.perf_counter()
         emb = self.model.get_input_embeddings()
-        for packed in warm_up_batches(emb.num_embeddings, self.pad_id, self.cfg.device, self.min_tokens):
+        for packed in warm_up_batches(emb.num_embeddings, self.pad_id, self.cfg.device, self.min_tokens,
+                                      packed=self.cfg.packing):
             self._logp(self.model, packed, grad=False)
             if self.state.ref_model is not None:
                 self._logp(self.state.ref_model, packed, grad=False)

@@ -86,20 +86,16 @@ print(max(rate, key=rate.get))" || echo corun)
   LIMIT=600 step gpuold $PT tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
   peer_pair 512 1 3 200 240 --brorl-set "actor.share_gpu=$mode"
 elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = rest ]; then
-  # one GPU, what the share plan's leases left unmeasured, most wanted first: packed against padded passes on
-  # realistic lengths (uncompiled both, 16k-token passes); brorl beside TRL at N = 512 (one prompt a step); the
-  # gpu tests; the realistic compiled case with the compiler's recompilations logged
-  LIMIT=330 step k_pack python3 -m bench.learner --gpu --kernels packed --tag "$TAG"
+  # one GPU, what earlier leases left unmeasured, most wanted first: realistic lengths compiled, padded against
+  # packed passes (the compiler's recompilations logged); the gpu tests (the compiled packed one is new); an 8B
+  # model on the one card by LoRA (learner.lora_rank; Llama 3 8B's shape, random weights: the frozen bf16 base and
+  # rank-16 adapters beside the engine, merged weights over CUDA IPC; recomputation on, as 8B's activations at
+  # 16k-token passes would not fit beside the engine; uncompiled); then what an earlier lease measured, to repeat:
+  # uncompiled padded against packed, brorl beside TRL at N = 512
+  LIMIT=480 step k_pcomp env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --kernels packed-compiled --tag "$TAG"
   keep_bench "learner_gpu_${TAG}*"
-  peer_pair 512 1 3 200 240
-  LIMIT=500 step gpu $PT tests/gpu/test_ipc_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_packing_gpu.py \
+  LIMIT=600 step gpu $PT tests/gpu/test_ipc_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_packing_gpu.py \
        tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py
-  LIMIT=240 step k_recompiles env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --tag "${TAG}rc" --mfu-add \
-       '[{"groups": 8, "n": 8, "lengths": "realistic", "prompt": 256, "completion": 4096, "steps": 2, "compile": true,
-          "backend": "torch", "activation_checkpointing": false, "micro_batch_tokens": 32768, "logprob_kernel": "chunked"}]'
-  # an 8B model on the one card by LoRA (learner.lora_rank; Llama 3 8B's shape, random weights): the frozen bf16
-  # base and rank-16 adapters beside the engine, merged weights over CUDA IPC; recomputation on (8B's activations
-  # at 16k-token passes would not fit beside the engine), uncompiled (LoRA's compiled layers are checked on CPU only)
   (while sleep 30; do runs lora; done) &
   snap=$!
   LIMIT=900 step lora8b python3 -m bench.e2e --shape llama3-8b --cases 1:16:keep --steps 4 --raw-steps 1 --share-gpu \
@@ -107,6 +103,9 @@ elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = rest ]; then
        --set learner.activation_checkpointing=true --set learner.compile=false --tag "${TAG}lora8b"
   kill $snap; runs lora
   keep_bench "e2e_${TAG}lora8b*"
+  LIMIT=330 step k_pack python3 -m bench.learner --gpu --kernels packed --tag "$TAG"
+  keep_bench "learner_gpu_${TAG}*"
+  peer_pair 512 1 3 200 300
 elif [ "$GPUS" = 1 ] && [ "${ONE:-learner}" = timeshare ]; then
   # one GPU, how learner and engine share it (actor.share_gpu): share_pair at N = 16 and 512
   for N in 16 512; do share_pair "$N"; done

@@ -402,6 +402,52 @@ def test_compiled_layers_and_log_probs_give_the_eager_step(tiny_model_dir):
             torch.testing.assert_close(mine[k], v, rtol=1e-4, atol=1e-5 * max(scale, 1e-3), msg=lambda s: f"{k}: {s}")
 
 
+def _steps(tiny_model_dir, plan, **over):
+    """Steps of one trainer (`plan`: the groups and `micro_batch_tokens` of each; the compile warm-up first with
+    `learner.compile`): each step's metrics and each optimizer step's gradient, as in `_one_step`."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    cfg = LearnerConfig(**{"num_minibatches": 2, "lr": 1e-3, **over})
+    tr = Trainer(model, cfg, JobConfig(n_samples=8, prompts_per_step=len(plan[0][0])), pad_id=plan[0][2])
+    tr.compiling.ensure(tr)
+    grads, step = [], tr.backend.step
+
+    def recording_step():
+        grads.append({k: p.grad.clone() for k, p in tr.model.named_parameters() if p.grad is not None})
+        return step()
+    tr.backend.step = recording_step
+    out = []
+    for groups, budget, _ in plan:
+        tr.cfg.micro_batch_tokens = budget
+        out.append(tr.step(groups))
+    return out, grads
+
+
+def test_compiled_packed_steps_give_the_eager_ones_and_compile_nothing_after_the_warm_up(tiny_model_dir):
+    """`learner.compile` with `learner.packing`: the warm-up's packed rows (several samples or one, a padding tail
+    or none, with and without gradients) are every variant the steps meet — steps of other lengths, of passes of
+    one sample, of many and of a whole mini-batch, half the layers recomputed, compile nothing — and each compiled
+    step gives the eager packed step's loss and gradients."""
+    varied, eos = _varied_groups(tiny_model_dir)
+    longer, _ = _varied_groups(tiny_model_dir, prompt_repeat=2)
+    longest = max(len(g.prompt_ids) + len(c) for g in varied for c in g.completion_ids)
+    plan = [(varied, 2 * longest - 1, eos), (longer, 1, eos), (varied, 0, eos)]  # (groups, token budget, pad id)
+    over = {"packing": True, "activation_checkpointing": True, "activation_checkpointing_fraction": 0.5}
+    ref, ref_g = _steps(tiny_model_dir, plan, **over)
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # (the log-prob chunks' compiled variants
+        got, g = _steps(tiny_model_dir, plan, compile=True, **over)      # of the test above are reused)
+    assert [m["compiled_frames"] for m in got] == [0.0, 0.0, 0.0]  # the warm-up compiled it all
+    assert ref[1]["micro_batches"] == 32 > ref[0]["micro_batches"] > ref[2]["micro_batches"] == 2
+    for m, r in zip(got, ref):
+        assert m["micro_batches"] == r["micro_batches"]
+        assert m["loss"] == pytest.approx(r["loss"], rel=1e-5)  # RMSNorm's float32 round trip, as above
+    assert len(g) == len(ref_g) == 6
+    for mine, theirs in zip(g, ref_g):
+        for k, v in theirs.items():
+            scale = v.abs().max().item()
+            torch.testing.assert_close(mine[k], v, rtol=1e-4, atol=1e-5 * max(scale, 1e-3), msg=lambda s: f"{k}: {s}")
+
+
 def test_compile_refuses_the_shared_prompt_and_zero3_and_a_fraction_needs_checkpointing():
     from config.schema import BrorlConfig
 
@@ -409,6 +455,11 @@ def test_compile_refuses_the_shared_prompt_and_zero3_and_a_fraction_needs_checkp
                 {"compile": True, "backend": "deepspeed", "zero_stage": 3}):
         with pytest.raises(ValueError, match="learner.compile"):
             BrorlConfig(learner=bad)
+    from config.loader import load_config
+
+    assert load_config("tiny-cpu", {"learner.compile": True, "learner.packing": True}).learner.packing  # (above)
+    with pytest.raises(ValueError, match="learner.packing with learner.share_prompt"):
+        BrorlConfig(learner={"packing": True, "share_prompt": True})
     with pytest.raises(ValueError, match="activation_checkpointing_fraction = 0.5 with learner.activation_checkpointing off"):
         BrorlConfig(learner={"activation_checkpointing_fraction": 0.5})
 

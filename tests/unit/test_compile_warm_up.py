@@ -5,10 +5,11 @@ tests/integration/test_train_step.py."""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
-from learner.compiling import PAD_MULTIPLE, WarmUp, min_tokens, warm_up_lengths
+from learner.compiling import PAD_MULTIPLE, WarmUp, min_tokens, warm_up_batches, warm_up_lengths
 from learner.logprobs import pack
 
 
@@ -88,4 +89,24 @@ def test_the_warm_up_meets_every_variant_at_the_floor(floor):
         assert S * L >= floor and L % PAD_MULTIPLE == 0
         assert len(set(lengths)) in (1, len(lengths))  # distinct, or all equal (the unpadded batch)
         kinds.append((S > 1, bool((b.attention_mask == 0).any())))
+    assert kinds == [(True, True), (True, False), (False, True), (False, False)]
+
+
+@pytest.mark.parametrize("floor", [0, 4096, 5856, 8192])
+def test_the_packed_warm_up_meets_every_variant_at_the_floor(floor):
+    """`learner.packing`: the warm-up's micro-batches are packed rows, as a packed step's are — one row of at least
+    the floor, a multiple of PAD_MULTIPLE — of several samples and a padding tail, several that fill the row, one
+    sample and a tail, one sample alone; the first (the one compiled first) has no two sizes equal (the row's
+    length, the boundaries' and the longest sample's), so its variant is the general one."""
+    kinds = []
+    for b in warm_up_batches(vocab=50, pad_id=0, device="cpu", floor=floor, packed=True):
+        L, cu = b.input_ids.shape[1], b.cu_seqlens.tolist()
+        assert b.input_ids.shape[0] == 1 and L >= floor and L % PAD_MULTIPLE == 0 and b.attention_mask is None
+        assert cu[0] == 0 and cu[-1] == L and b.max_len == max(np.diff(cu))
+        samples, tail = b.mask.shape[0], L > b.real_tokens
+        assert int(b.mask.sum()) == b.real_tokens - 5 * samples  # the completions (5-token prompts)
+        assert len(cu) - 1 == samples + tail and int(b.input_ids.max()) < 50
+        kinds.append((samples > 1, tail))
+        if len(kinds) == 1:
+            assert len({L, len(cu), b.max_len}) == 3
     assert kinds == [(True, True), (True, False), (False, True), (False, False)]

@@ -181,3 +181,69 @@ def test_the_prep_bench_times_both_paths():
     for r in rows:
         assert r["passes"] > 8 and 0 < r["host_s"] < r["gpu_s_estimate"] and r["seq_tokens"] > 128 * 256
     assert rows[0]["seq_tokens"] == rows[2]["seq_tokens"]  # the same step both ways
+
+
+def _cpu_flash(torch_attn):
+    """CPU kernels for torch's varlen attention ops (`torch_attn::_varlen_attn` and its backward, whose flash
+    kernels are CUDA's), computed from the block-diagonal causal mask: what the flash kernels compute, so that
+    the CUDA path's call of the real op (its fake kernel, its autograd formula) runs on a CPU."""
+    from learner.packing import _segments
+
+    def probs(q, k, cu, scale):  # [T, H, D] -> softmax [H, T, T] and the masked logits
+        T, g = q.shape[0], q.shape[1] // k.shape[1]
+        seg, pos = _segments(cu, T), torch.arange(T)
+        allowed = (seg[:, None] == seg[None, :]) & (pos[None, :] <= pos[:, None])
+        s = torch.einsum("thd,shd->hts", q, k.repeat_interleave(g, 1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        s = s.masked_fill(~allowed, float("-inf"))
+        return s.softmax(-1), s
+
+    def forward(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, window, *_):
+        assert max_q == max_k == int((cu_q[1:] - cu_q[:-1]).max()) and window in (None, [-1, 0])
+        p, s = probs(q, k, cu_q, scale)
+        out = torch.einsum("hts,shd->thd", p, v.repeat_interleave(q.shape[1] // v.shape[1], 1))
+        return out.contiguous(), s.logsumexp(-1), torch.zeros(2, dtype=torch.uint64)
+
+    def backward(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, is_causal, rng, scale=None, window=None):
+        (T, H, D), Hk = q.shape, k.shape[1]
+        p, _ = probs(q, k, cu_q, scale)
+        sc = D ** -0.5 if scale is None else scale
+        dv = torch.einsum("hts,thd->shd", p, do)
+        ds = p * (torch.einsum("thd,shd->hts", do, v.repeat_interleave(H // Hk, 1)) - (do * out).sum(-1).T[:, :, None])
+        dq = torch.einsum("hts,shd->thd", ds, k.repeat_interleave(H // Hk, 1)) * sc
+        dk = torch.einsum("hts,thd->shd", ds, q) * sc
+        fold = lambda x: x.reshape(T, Hk, H // Hk, D).sum(2)  # noqa: E731  (grouped query heads share a key head)
+        return dq.contiguous(), fold(dk), fold(dv)
+    torch_attn.impl("_varlen_attn", forward, "CPU")
+    torch_attn.impl("_varlen_attn_backward", backward, "CPU")
+
+
+def test_the_flash_path_compiles_once_for_rows_of_any_packing(monkeypatch):
+    """The CUDA path under torch.compile as a compiled layer runs it (dynamic shapes): torch's varlen_attn — its
+    real custom op, fake kernel and autograd formula; CPU kernels stand in for the flash ones — traced into one
+    graph (no break, nothing read from the host), compiled once per grad mode for rows of any length, any number
+    of samples, any longest sample; and the masked reference's output and gradients."""
+    import torch.nn.attention.varlen  # noqa: F401  (registers torch's ops)
+    from torch._dynamo.utils import counters
+
+    import learner.packing as packing
+
+    monkeypatch.setattr(packing, "_VARLEN", packing._varlen())
+    monkeypatch.setattr(packing, "_flash_runs", lambda query, dtype: True)  # a CPU tensor takes the CUDA path
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    fn = torch.compile(packing.packed_attention, dynamic=True, fullgraph=True, backend="aot_eager")
+    with torch.library._scoped_library("torch_attn", "IMPL") as lib:
+        _cpu_flash(lib)
+        for lens in ([34, 22, 28, 4], [40, 40, 40], [34, 6], [40], [47, 15, 2], [64], [11, 6, 15, 55, 1], [3] * 20 + [9]):
+            cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
+            q, k, v = (torch.randn(1, h, sum(lens), 8, generator=g, requires_grad=True) for h in (4, 2, 2))
+            for grad in (False, True):
+                with torch.set_grad_enabled(grad):
+                    out, _ = fn(None, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                max_length_q=max(lens), max_length_k=max(lens))
+                    ref = packing._masked(q, k, v, cu, 0.3, None)
+                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+            w = torch.randn(out.shape, generator=g)
+            for a, b in zip(torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 2  # without and with gradients: nothing else specialised
