@@ -5,7 +5,8 @@ One forward over a sample of s = prompt + completion tokens, r of them response 
 QKᵀ and AV over the lower triangle) + 2·V·d·r (the LM head, which the learner runs on response tokens only).
 A backward costs two forwards. A step runs, per trained sample, the training forward and backward (3
 forwards), the π_old forward of every mini-batch but the first (`learner/train_step.py`) and, with a KL term,
-the reference policy's forward. Recomputation (activation checkpointing, the chunked LM head) does not count:
+the reference policy's forward. With frozen weights (LoRA: `learner.lora_rank`) the backward computes no weight
+gradients for them, one forward's matmuls less (the adapters' own are negligible). Recomputation (activation checkpointing, the chunked LM head) does not count:
 MFU measures the work the algorithm needs, not the work a memory-saving choice adds.
 
 MFU = model FLOPs / step seconds / (ranks × the card's dense bf16 peak). The peak is known for the cards in
@@ -30,6 +31,8 @@ class ModelShape:
     layers: int
     hidden: int
     vocab: int
+    frozen: bool = False
+    """The decoder's and LM head's weights are frozen (LoRA): no weight gradients in backward."""
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> "ModelShape":
@@ -39,13 +42,21 @@ class ModelShape:
         size = lambda p: int(getattr(p, "ds_numel", 0) or p.numel())  # noqa: E731
         outside = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
                    for p in m.parameters()}
-        params = sum(size(p) for p in model.parameters() if id(p) not in outside)
-        return cls(params, int(text.num_hidden_layers), int(text.hidden_size), int(text.vocab_size))
+        params = [p for p in model.parameters() if id(p) not in outside]
+        total, trained = sum(size(p) for p in params), sum(size(p) for p in params if p.requires_grad)
+        frozen = 2 * trained < total  # LoRA: adapters train (counted out of P: their matmuls are negligible)
+        return cls(total - trained if frozen else total, int(text.num_hidden_layers), int(text.hidden_size),
+                   int(text.vocab_size), frozen=frozen)
 
     def forward_flops(self, seq_len: int, response_len: int) -> float:
         """One forward over one sample (the module's docstring)."""
         s, r = seq_len, response_len
         return 2.0 * self.params * s + 2.0 * self.layers * self.hidden * s * s + 2.0 * self.vocab * self.hidden * r
+
+    def train_flops(self, seq_len: int, response_len: int) -> float:
+        """Forward and backward over one sample: three forwards, less the weight gradients of frozen weights."""
+        frozen = 2.0 * self.params * seq_len + 2.0 * self.vocab * self.hidden * response_len if self.frozen else 0.0
+        return 3 * self.forward_flops(seq_len, response_len) - frozen
 
 
 def step_flops(shape: ModelShape, samples: list[tuple[int, int]], first_minibatch: set[int], reference: bool) -> float:
@@ -54,8 +65,7 @@ def step_flops(shape: ModelShape, samples: list[tuple[int, int]], first_minibatc
     forward of each with `reference`."""
     total = 0.0
     for i, (s, r) in enumerate(samples):
-        f = shape.forward_flops(s, r)
-        total += f * (3 + (i not in first_minibatch) + reference)
+        total += shape.train_flops(s, r) + shape.forward_flops(s, r) * ((i not in first_minibatch) + reference)
     return total
 
 

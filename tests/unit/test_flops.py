@@ -40,3 +40,19 @@ def test_the_peak_is_known_for_listed_cards_and_none_on_a_cpu():
         name = torch.cuda.get_device_name(0)
         hit = [k for k in PEAK_BF16 if k in name]
         assert peak_flops("cuda") == (PEAK_BF16[max(hit, key=len)] if hit else None)
+
+
+def test_lora_frozen_weights_drop_their_weight_gradients_from_the_count():
+    from config.loader import load_config
+    from learner.lora import add_adapters
+
+    model = _model(tied=False)
+    full = ModelShape.of(model)
+    lrn = load_config("tiny-cpu", {"learner.lora_rank": 4}).learner
+    shape = ModelShape.of(add_adapters(model, lrn))
+    assert shape.frozen and not full.frozen and shape.params == full.params  # the adapters are counted out of P
+    s, r = 10, 4
+    weight_grads = 2 * shape.params * s + 2 * shape.vocab * shape.hidden * r  # one forward's matmuls over weights
+    assert shape.train_flops(s, r) == 3 * shape.forward_flops(s, r) - weight_grads
+    assert step_flops(shape, [(s, r)], {0}, reference=False) == shape.train_flops(s, r)
+    assert step_flops(full, [(s, r)], {0}, reference=False) == 3 * full.forward_flops(s, r)
