@@ -53,6 +53,12 @@ def add_adapters(model: torch.nn.Module, cfg: LearnerConfig) -> torch.nn.Module:
     except ValueError as e:
         raise ValueError(f"learner.lora_targets {cfg.lora_targets}: {e}") from e
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+    unmatched = [t for t in cfg.lora_targets if not any(n == t or n.endswith(f".{t}") for n, _ in layers)]
+    if unmatched:  # e.g. Phi-3's fused qkv_proj / gate_up_proj: adapting only some projections would be silent
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, LoraLayer)
+                         or (isinstance(m, torch.nn.Linear) and ".lora_" not in n and not n.endswith(".base_layer"))})
+        raise ValueError(f"learner.lora_targets {unmatched} match no layer of {type(model).__name__}; its linear "
+                         f"layers are named {linear}: set learner.lora_targets to those to adapt")
     odd = [n for n, m in layers if not isinstance(m, LoraLinear) or m.fan_in_fan_out]
     if odd:
         raise ValueError(f"learner.lora_targets: {odd[:3]} are not plain linear layers; target only those")
@@ -118,7 +124,9 @@ class MergedView:
         return [merged(layer, t) if layer is not None else t.detach() for _, t, layer in self.entries[first:last]]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: t for (k, _, _), t in zip(self.entries, self.tensors())}
+        """The merged model on the CPU, one tensor merged at a time (a checkpoint must not hold a second copy
+        of the model on a GPU that an engine shares)."""
+        return {k: self.tensors(i, i + 1)[0].cpu() for i, (k, _, _) in enumerate(self.entries)}
 
 
 @torch.no_grad()

@@ -255,8 +255,15 @@ def _end_run(proc: subprocess.Popen, info_fd: int | None, uid: int | None) -> No
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    proc.wait()
+    try:
+        proc.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"a sandboxed run could not be ended: its process {proc.pid} is still alive "
+                           f"{KILL_WAIT_S:g} s after SIGKILL (a process the kernel cannot end, e.g. in "
+                           f"uninterruptible sleep)") from None
     ns_init = _namespace_init(info_fd)  # read once bwrap is gone: all it will ever have written is there
+    if ns_init is not None and not _init_of_another_namespace(ns_init):
+        ns_init = None  # exited and reaped (its namespace is empty); the pid may name another process now
     if ns_init is not None:
         try:
             os.kill(ns_init, signal.SIGKILL)
@@ -278,8 +285,19 @@ def _left_of_run(ns_init: int | None, uid: int | None) -> list[int]:
     """What of the run is still alive: its namespace's init (exited only once the namespace is empty), else
     the processes of its fresh uid; nothing to watch where it had neither."""
     if ns_init is not None:
-        return [ns_init] if _alive(ns_init) else []
+        return [ns_init] if _alive(ns_init) and _init_of_another_namespace(ns_init) else []
     return _processes_of(uid) if uid is not None else []
+
+
+def _init_of_another_namespace(pid: int) -> bool:
+    """Whether `pid` lives in a PID namespace other than ours (the run's init does; a process that reused
+    its pid after it was reaped does not)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except PermissionError:
+        return True  # not ours to inspect: assume it is the run's and keep watching it
+    except OSError:
+        return False  # gone
 
 
 def _alive(pid: int) -> bool:

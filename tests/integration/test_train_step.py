@@ -644,3 +644,6 @@ def test_a_lora_base_in_bf16_keeps_float32_adapters_and_lora_refusals(tiny_model
             BrorlConfig(learner={"lora_rank": 8, **bad})
     with pytest.raises(ValueError, match="lora_targets.*nothing_here"):
         _lora_trainer(tiny_model_dir, groups, eos, lora_targets=["nothing_here"])
+    # a target of another family's naming (Phi-3's fused qkv_proj) beside one that matches: refused, not half applied
+    with pytest.raises(ValueError, match=r"lora_targets \['qkv_proj'\] match no layer.*'q_proj'"):
+        _lora_trainer(tiny_model_dir, groups, eos, lora_targets=["q_proj", "qkv_proj"])
