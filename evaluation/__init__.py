@@ -8,7 +8,8 @@ asks. A verifier that cannot score (it raises) stops the evaluation with `Evalua
 never counted as a wrong answer. A prompt that cannot be rendered for the model (too long for
 `actor.max_model_len`, chat messages without a chat template) is left out, counted and named in the result.
 
-Lives here: `EvalSettings` (k, temperature, top-p, max tokens, stop, how a completion's answer is read),
+Lives here: `EvalSettings` (k, temperature, top-p, max tokens, stop, context length, how a completion's answer is
+read),
 `heldout_tasks` (`data.eval`'s files, or the eval split: disjoint from training by construction),
 `pass_at_k` (the unbiased estimator) and `score` / `summarize` (overall and per data source). Prompts are
 rendered by `taskdata.render` exactly as the actors' are.
@@ -39,6 +40,9 @@ class EvalSettings:
     """New tokens per sample (the actors' `actor.max_tokens`)."""
     stop: tuple[str, ...] = ()
     """Stop strings (the actors' `actor.stop`)."""
+    max_model_len: int = 0
+    """Tokens of prompt and completion together (`actor.max_model_len`): the engine ends a completion there; 0: no
+    limit but `max_tokens`."""
     reasoning_end: str = ""
     """`data.reasoning_end`: only the text after it is scored."""
     unclosed_reasoning: str = "wrong"
@@ -66,6 +70,7 @@ def settings(cfg: BrorlConfig, k: int | None = None) -> EvalSettings:
     """The job's evaluation settings: k = `run.eval_samples` unless given; length, stops and the reading of
     an answer as the actors'."""
     return EvalSettings(k=k or cfg.run.eval_samples, max_tokens=cfg.actor.max_tokens, stop=tuple(cfg.actor.stop),
+                        max_model_len=cfg.actor.max_model_len,
                         reasoning_end=cfg.data.reasoning_end, unclosed_reasoning=cfg.data.unclosed_reasoning,
                         verifier_workers=cfg.verifiers.workers, verifier_timeout_s=cfg.verifiers.timeout_s)
 

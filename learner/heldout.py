@@ -2,7 +2,8 @@
 transformers (`evaluation.hf`), before the first step, every that many steps and at the last, into
 `heldout.jsonl` and the step's metrics (`heldout_pass_at_1`, `heldout_pass_at_<k>` with k = `run.eval_samples`,
 and `heldout_pass_at_1/<source>` per data source). Prompts are rendered as the actors' are (one too long for
-`actor.max_model_len` is left out: `heldout_left_out`); completions are scored as `brorl eval` scores them, in
+`actor.max_model_len` is left out: `heldout_left_out`); completions are sampled as `brorl eval`'s vLLM engine
+samples them (`evaluation.hf.sample`) and scored as it scores them, in
 verifier worker processes (`evaluation`); a verifier that cannot score gives no estimate for that step (an
 error on the console, an `error` row in `heldout.jsonl`) rather than reading as wrong answers, and training
 goes on. `wall_s` counts training time only: from the first group's arrival,

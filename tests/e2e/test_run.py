@@ -1,6 +1,7 @@
 """`brorl run` end to end on CPU: groups flow, versions advance, a checkpoint is written; the `brorl run`
 process is stopped (SIGTERM, as Ctrl-C does: exit 143, a checkpoint, no process left), resumed, and
-continues with the expected step, version and prompts."""
+continues with the expected step, version and prompts; `brorl eval` of its last checkpoint agrees with the
+learner's own held-out estimate at the last step."""
 
 import json
 import math
@@ -11,12 +12,14 @@ from pathlib import Path
 import pytest
 
 from config.loader import load_config
+from evaluation import heldout_tasks
 from learner.checkpoint import Checkpointer
 from learner.ledger import account, check
 from cli.launcher import Launcher
 from cli.display import status_lines
 from learner.metrics import read
 from tests.support.faults import alive, brorl_run_process, ended, tree, wait_for
+from tests.support.heldout import assert_agree, brorl_eval
 
 
 def _ledger(run_dir: Path) -> list[dict]:
@@ -30,7 +33,7 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
     cfg = load_config("tiny-cpu", {
         "model.path": warm_model_dir, "run.run_dir": str(run_dir), "learner.steps": 10,
         "learner.checkpoint_interval": 2, "job.prompts_per_step": 4, "job.n_samples": 8,
-        "run.eval_interval": 5, "run.eval_prompts": 16, "run.eval_samples": 4, "transport.work_port": 0, "transport.rollout_port": 0, "transport.control_port": 0,
+        "run.eval_interval": 5, "run.eval_prompts": 16, "run.eval_samples": 64, "transport.work_port": 0, "transport.rollout_port": 0, "transport.control_port": 0,
     })
     # fixed free ports (0 would let each process pick its own)
     from transport.ports import free_ports
@@ -115,6 +118,12 @@ def test_run_checkpoint_kill_resume(warm_model_dir, tmp_path):
                and h["pass_at_1"] == pytest.approx(sum(h["correct"]) / (k * len(h["correct"]))) for h in held)
     panel = status_lines(rows, 10, 0, held)
     assert panel[0].startswith("[brorl run] step   10/10") and "10:" in panel[3] and "100.0%" in panel[1]
+    # the curve is right: `brorl eval` of the last checkpoint (vLLM) and the learner's own estimate at the last step
+    # (transformers) agree on the same prompts and samples per prompt, within sampling error, and solve some
+    ev = brorl_eval(run_dir, tmp_path / "eval-after.json")
+    assert ev["model"].endswith("step-000010/model") and ev["k"] == k
+    assert [p["task_id"] for p in ev["per_prompt"]] == [t.task_id for t in heldout_tasks(cfg)]
+    assert_agree(held[-1]["correct"], [p["correct"] for p in ev["per_prompt"]], k)
 
 
 @pytest.mark.vllm

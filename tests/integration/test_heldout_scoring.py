@@ -127,3 +127,57 @@ def test_brorl_eval_of_a_run_takes_its_config_and_refuses_unusable_prompts_in_on
     assert err[0] == f"brorl eval: the run's own settings, {(run / 'config.toml').resolve()} (--config to use others)"
     assert len(err) == 2 and err[1].startswith("brorl eval: all 3 held-out prompts are left out, e.g. task ")
     assert "more than the 11 that actor.max_model_len leaves" in err[1]
+
+
+def test_the_learners_sampler_draws_as_brorl_evals_engine_does(tiny_model_dir, tmp_path):
+    """`evaluation.hf.sample` (the learner's estimate) samples as vLLM does for `brorl eval`: from the settings alone,
+    not from the sampling defaults a model ships (Qwen2.5's generation_config.json: top_k = 20, repetition_penalty
+    = 1.05) nor transformers' own top_k = 50; a completion ends where the context does and before a stop string."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evaluation.hf import sample
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    shipped = json.loads((model_dir / "generation_config.json").read_text())
+    (model_dir / "generation_config.json").write_text(json.dumps({**shipped, "top_k": 20, "repetition_penalty": 1.05}))
+    tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
+    prompt = tok("3+4=")["input_ids"]
+
+    def draw(seed=0, **how):
+        torch.manual_seed(seed)
+        return sample(model, tok, [prompt], EvalSettings(**{"k": 64, "temperature": 1.0, "top_p": 1.0, **how}))[0]
+
+    # the untrained model's next token is close to uniform: most draws fall outside its 50 likeliest tokens
+    with torch.no_grad():
+        likeliest = model(torch.tensor([prompt])).logits[0, -1].topk(50).indices.tolist()
+    top = {tok.decode([i]) for i in likeliest}
+    first = draw(max_tokens=1)
+    assert sum(t not in top for t in first) > 16, first
+    assert model.generation_config.top_k == 20  # the model's own settings are back for whoever uses them next
+    # the context ends a completion: one token of room, the first token of the same draw
+    whole = draw(max_tokens=8)
+    one = draw(max_tokens=8, max_model_len=len(prompt) + 1)
+    vocab = set(tok.get_vocab()) | {""}
+    assert all(o in vocab and w.startswith(o) for o, w in zip(one, whole)) and one != whole, (one, whole)
+    # a stop string ends it, and is not part of it, as vLLM returns it
+    stopped = draw(max_tokens=8, stop=("1", "+"))
+    assert sum("1" in w or "+" in w for w in whole) > 8
+    assert stopped == [w[:min([w.find(x) for x in "1+" if x in w] or [len(w)])] for w in whole], (stopped, whole)
+    # the paper's T = 0.6 and top-p 0.95 (vLLM's rule: a token is kept while the mass above it is under p), on a
+    # model made sure of itself (its last norm x 5: ~50 tokens left): the first token's draws follow that law
+    # closely, and would be far from it at T = 0.8 (total variation ~0.24)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(5)
+        probs = (model(torch.tensor([prompt])).logits[0, -1] / 0.6).softmax(-1)
+    mass, order = probs.sort(descending=True)
+    kept = order[mass.cumsum(0) - mass < 0.95]
+    law = torch.zeros_like(probs)
+    law[kept] = probs[kept] / probs[kept].sum()
+    ids = tok.get_vocab()
+    got = [ids[t] if t else tok.eos_token_id for t in draw(k=2048, temperature=0.6, top_p=0.95, max_tokens=1)]
+    seen = torch.bincount(torch.tensor(got), minlength=len(law)).double() / len(got)
+    assert 10 < len(kept) < 100 and 0.5 * (seen - law).abs().sum() < 0.1, (len(kept), seen, law)

@@ -9,7 +9,8 @@
     heldout.parquet   verl: held-out math and science rows
 
 `four_layouts` writes math rows in each layout a newcomer brings: verl Parquet, OpenRLHF JSONL, a
-DeepScaleR-style JSON list and a `datasets` save_to_disk folder.
+DeepScaleR-style JSON list and a `datasets` save_to_disk folder. `arithmetic` writes the built-in task's problems
+as verl Parquet chat rows, which the warm tiny model solves through `ARITHMETIC_TEMPLATE`.
 """
 
 from __future__ import annotations
@@ -90,4 +91,32 @@ def four_layouts(root: str | Path) -> dict[str, Path]:
                                               indent=2))
     Dataset.from_dict({"question": [p for p, _ in MATH], "solution": [a for _, a in MATH],
                        "data_source": ["math"] * len(MATH)}).save_to_disk(str(paths["hf"]))
+    return paths
+
+
+ARITHMETIC_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+"""A chat template (`data.chat_template`) for the tiny model, which has none: a user message becomes its text
+alone, the prompt the warm start trained on (`3+4=`)."""
+
+
+def arithmetic(root: str | Path) -> dict[str, Path]:
+    """The built-in task's problems of one-digit operands as a user brings them: verl Parquet rows, `prompt` as chat
+    messages, data source openai/gsm8k (the math verifier). train.parquet: the task's train split; heldout.parquet:
+    every problem of its eval split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from verifiers.synthetic import problem_split
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, list[dict]] = {"train": [], "eval": []}
+    for a in range(10):
+        for op in "+-":
+            for b in range(10):
+                split = rows[problem_split(a, op, b)]
+                split.append(_verl(f"{a}{op}{b}=", "openai/gsm8k", str(a + b if op == "+" else a - b), len(split)))
+    paths = {"train": root / "train.parquet", "eval": root / "heldout.parquet"}
+    for name, path in paths.items():
+        pq.write_table(pa.Table.from_pylist(rows[name]), path)
     return paths
