@@ -84,6 +84,9 @@ def run_isolated(module: str, args: list[str], timeout: float = 1800, env: dict 
                          env=None if env is None else {**os.environ, **env})
     if out.returncode != 0:
         raise RuntimeError(f"{module} {args} failed:\n{out.stderr[-3000:]}")
+    if os.environ.get("TORCH_LOGS"):  # what the compiler was asked to say (recompiles, graph breaks) is kept
+        sys.stderr.write("".join(line for line in out.stderr.splitlines(keepends=True) if "torch._dynamo" in line
+                                 or "ecompil" in line or "graph break" in line.lower())[-20000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

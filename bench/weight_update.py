@@ -8,9 +8,12 @@ by vLLM's layerwise reload, and their (version, checksum) report — on one GPU 
 The engine is built as an actor's (`actors.engine.engine_kwargs`, the `--preset`'s actor settings, a small KV
 cache beside the learner's copy); the learner's side is the real `WeightBroadcaster` over a copy of the model
 in float32 on the same device, sending in the model's dtype. One rendezvous (the ipc handle goes out once),
-then `--updates` updates, each changing the weights: per update the time from the learner's start to the
-workers' reported checksum (`total_s`), the learner's packing and its wait for the acknowledgements (ipc) or
-the wire (gloo). Writes bench/results/weight_update_<backend>[_<tag>].json and .png.
+then `--updates` updates per reload route, each changing the weights: per update the time from the learner's
+start to the workers' reported checksum (`total_s`), the learner's packing and its wait for the
+acknowledgements (ipc) or the wire (gloo), and the worker's own split (`brorl_weight_timings`: start, wait for
+the learner's word, `load_weights`, finish). `--reload auto,layerwise` (the default) measures the route the
+actor takes (in place where `transport.vllm_ext.direct_reload` allows it), then vLLM's layerwise reload on the
+same engine. Writes bench/results/weight_update_<backend>[_<tag>].json and .png.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import sys
 import time
 
 
-def measure(shape: str, backend: str, updates: int, preset: str, kv_gib: float) -> dict:
+def measure(shape: str, backend: str, updates: int, preset: str, kv_gib: float,
+            reloads: tuple[str, ...] = ("auto", "layerwise")) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
     from vllm import LLM
@@ -56,22 +60,37 @@ def measure(shape: str, backend: str, updates: int, preset: str, kv_gib: float) 
         t = time.perf_counter()
         await asyncio.gather(bc.open(info), rx.join(info, offs[0], bc.plan.to_dict()))
         rows = [{"join_s": time.perf_counter() - t}]
-        for v in range(1, updates + 1):
-            with torch.no_grad():
-                params[v % len(params)].add_(1e-3)  # a new version: some weights change
-            t = time.perf_counter()
-            sent, got = await asyncio.gather(bc.broadcast(v), rx.receive(v))
-            rows.append({"version": v, "total_s": time.perf_counter() - t, **bc.last_split,
-                         "checksum_ok": got == (v, sent)})
+        v = 0
+        for mode in reloads:
+            llm.collective_rpc("brorl_set_reload", kwargs={"mode": mode})
+            for _ in range(updates):
+                v += 1
+                with torch.no_grad():
+                    params[v % len(params)].add_(1e-3)  # a new version: some weights change
+                t = time.perf_counter()
+                sent, got = await asyncio.gather(bc.broadcast(v), rx.receive(v))
+                total = time.perf_counter() - t
+                worker = llm.collective_rpc("brorl_weight_timings")[0]
+                rows.append({"version": v, "reload": mode, "total_s": total, **bc.last_split,
+                             "worker": worker, "checksum_ok": got == (v, sent)})
         return rows
 
     rows = asyncio.run(run())
     ups = rows[1:]
     gb = sum(n for *_, n in bc.plan.buckets) / 1e9
+    routes = {}
+    for mode in reloads:
+        mine = [r for r in ups if r["reload"] == mode][1:] or [r for r in ups if r["reload"] == mode]  # warm
+        routes[mode] = {"route": mine[-1]["worker"].get("route"), "why": mine[-1]["worker"].get("why"),
+                        "median_s": statistics.median(r["total_s"] for r in mine),
+                        "min_s": min(r["total_s"] for r in mine), "max_s": max(r["total_s"] for r in mine),
+                        **{k: statistics.median(r["worker"].get(k, 0.0) for r in mine)
+                           for k in ("start_s", "await_s", "load_s", "receive_s", "finish_s")}}
+    first = routes[reloads[0]]
     out = {"shape": shape, "backend": backend, "device": torch.cuda.get_device_name(0) if gpu else "cpu",
            "GB": gb, "buckets": len(bc.plan.buckets), "engine_start_s": start_s, "join_s": rows[0]["join_s"],
-           "updates": ups, "median_s": statistics.median(r["total_s"] for r in ups),
-           "min_s": min(r["total_s"] for r in ups), "max_s": max(r["total_s"] for r in ups),
+           "updates": ups, "routes": routes, "median_s": first["median_s"], "min_s": first["min_s"],
+           "max_s": first["max_s"],
            "pack_s": statistics.median(r["pack_s"] for r in ups),
            "wait_s": statistics.median(r["wait_s"] for r in ups),
            "checksums_match": all(r["checksum_ok"] for r in ups),
@@ -87,15 +106,22 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--preset", default="brorl-1.5b", help="the actor settings of the engine (GPU)")
     ap.add_argument("--kv-gib", type=float, default=4.0, help="the engine's KV cache, GiB (GPU)")
+    ap.add_argument("--reload", default="auto,layerwise",
+                    help="the workers' reload routes, in order: auto (the actor's), layerwise (vLLM's, always)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
-    from bench.common import write_json
+    from bench.common import table, write_json
 
-    r = measure(a.shape, a.backend, a.updates, a.preset, a.kv_gib)
-    print(f"{a.backend}, {r['shape']} ({r['GB']:.2f} GB in {r['buckets']} buckets) on {r['device']}: update "
-          f"median {r['median_s']:.3f} s (min {r['min_s']:.3f}, max {r['max_s']:.3f}); learner packing "
-          f"{r['pack_s']:.3f} s, waiting {r['wait_s']:.3f} s; join {r['join_s']:.2f} s; checksums match: "
-          f"{r['checksums_match']}", file=sys.stderr)
+    r = measure(a.shape, a.backend, a.updates, a.preset, a.kv_gib, tuple(a.reload.split(",")))
+    print(f"{a.backend}, {r['shape']} ({r['GB']:.2f} GB in {r['buckets']} buckets) on {r['device']}: learner "
+          f"packing {r['pack_s']:.3f} s; join {r['join_s']:.2f} s; checksums match: {r['checksums_match']}",
+          file=sys.stderr)
+    print(table([{"reload": m, "route": x["route"], "update s (median)": x["median_s"], "min s": x["min_s"],
+                  "max s": x["max_s"], "worker start s": x["start_s"], "wait s": x["await_s"],
+                  "load_weights s": x["load_s"], "finish s": x["finish_s"], "why layerwise": x["why"] or "-"}
+                 for m, x in r["routes"].items()],
+                ["reload", "route", "update s (median)", "min s", "max s", "worker start s", "wait s",
+                 "load_weights s", "finish s", "why layerwise"]))
     path = write_json(f"weight_update_{a.backend}" + (f"_{a.tag}" if a.tag else ""), r)
     _plot(r, path.with_suffix(".png"))
     print(f"wrote {path}")
@@ -109,7 +135,10 @@ def _plot(r: dict, out) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ups = r["updates"]
-    ax.bar([u["version"] for u in ups], [u["total_s"] for u in ups], label="end to end")
+    for mode in dict.fromkeys(u.get("reload", "auto") for u in ups):
+        mine = [u for u in ups if u.get("reload", "auto") == mode]
+        ax.bar([u["version"] for u in mine], [u["total_s"] for u in mine],
+               label=f"end to end, {mode} ({mine[-1].get('worker', {}).get('route', '?')})")
     ax.bar([u["version"] for u in ups], [u["pack_s"] for u in ups], label="learner packing")
     ax.set_xlabel("update (version)")
     ax.set_ylabel("seconds")

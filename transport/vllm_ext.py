@@ -6,9 +6,12 @@ Importing this module registers the `brorl_gloo`, `brorl_nccl` and `brorl_ipc` w
 creates its weight-transfer engine (vLLM 0.26 and 0.32 both resolve the extension class first).
 
 `GlooWeightTransferEngine` receives the learner's buckets over a gloo group of its own and loads them
-through the model's `load_weights` inside vLLM's layerwise-reload lifecycle (the route vLLM's own NCCL
-engine takes; plain in-place `load_weights` after start-up fails on the CPU backend). It records the
-version and checksum of what it loaded, which `BrorlWorkerExtension.brorl_weight_state` reports.
+through the model's `load_weights`: in place where every layer serves its weights as loaded (an unquantized
+dense model on a GPU: `direct_reload`), otherwise inside vLLM's layerwise-reload lifecycle (the route vLLM's
+own NCCL engine takes; it re-runs each layer's post-load processing, which the CPU backend's repacked
+weights, quantized layers and MLA need, at the cost of materialising every layer again). It records the
+version and checksum of what it loaded, which `BrorlWorkerExtension.brorl_weight_state` reports, and the
+time split of its last update (`brorl_weight_timings`).
 `NcclWeightTransferEngine` is the same over NCCL into device buffers. `IpcWeightTransferEngine`
 (`transport.weight_backend = "ipc"`, learner and actors on one host) maps the learner's persistent
 shared buffer once, at the rendezvous (transport/ipc.py); each update it waits on its gloo group for
@@ -19,6 +22,7 @@ acknowledgement).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +86,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.version = -1
         self.checksum = ""
         self.timeout_s = 120.0  # the group's (transport.weight_timeout_s), set when it is joined
+        self.reload = "auto"  # "layerwise": always vLLM's layerwise reload (`brorl_set_reload`, benchmarks)
+        self._layerwise = True  # this update's route, decided at its start
+        self.timings: dict[str, Any] = {}  # the last update's split, `brorl_weight_timings`
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         pc = self.parallel_config
@@ -99,17 +106,25 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.timeout_s = init_info.timeout_s
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        t0 = time.perf_counter()
+        why = "layerwise requested" if self.reload == "layerwise" else direct_reload(
+            self.model, self.model_config, getattr(self, "vllm_config", None), self.device)
+        self._layerwise = bool(why)
+        if self._layerwise:
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-        initialize_layerwise_reload(self.model)
+            initialize_layerwise_reload(self.model)
+        self.timings = {"route": "layerwise" if why else "direct", "why": why, "start_s": time.perf_counter() - t0}
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
+        t0 = time.perf_counter()
         version, self._unacknowledged = self._unacknowledged, None
         try:
-            finalize_layerwise_reload(self.model, self.model_config)
-            reprepack_cpu_moe(self.model)
+            if self._layerwise:
+                from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+                finalize_layerwise_reload(self.model, self.model_config)
+                reprepack_cpu_moe(self.model)
             if version is not None and self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # every copy out of the shared buffer is done
         except BaseException:
@@ -118,29 +133,37 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             raise
         if version is not None:  # the learner may write the shared buffer again
             acknowledge(self.pg, version, True)
+        self.timings["finish_s"] = time.perf_counter() - t0
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.pg is None:
             raise RuntimeError("brorl_gloo: update before init_weight_transfer_engine")
         plan = WeightPlan(update_info.names, update_info.dtype_names, update_info.shapes, update_info.buckets)
+        t0 = time.perf_counter()
         if self.shared is not None:
             self._receive_shared(plan, update_info.version)
-            return
-        device = self.device if self.backend == "nccl" else "cpu"
-        self.checksum = receive_buckets(self.pg, plan, device,
-                                        lambda flat, a, b: self.model.load_weights(unpack_bucket(flat, plan, a, b)),
-                                        self.timeout_s)
-        self.version = update_info.version
+        else:
+            device = self.device if self.backend == "nccl" else "cpu"
+            self.checksum = receive_buckets(self.pg, plan, device, lambda flat, a, b: self._load(plan, flat, a, b),
+                                            self.timeout_s)
+            self.version = update_info.version
+        self.timings["receive_s"] = time.perf_counter() - t0
+
+    def _load(self, plan: WeightPlan, flat: torch.Tensor, first: int, last: int) -> None:
+        t0 = time.perf_counter()
+        self.model.load_weights(unpack_bucket(flat, plan, first, last))
+        self.timings["load_s"] = self.timings.get("load_s", 0.0) + time.perf_counter() - t0
 
     def _receive_shared(self, plan: WeightPlan, version: int) -> None:
         """ipc: wait for the learner's word, then load from the shared buffer; acknowledged in
         `finish_weight_update` once the layerwise reload has finished with the buffer (a failure here is
         acknowledged at once, so the learner need not wait out its timeout)."""
         self._unacknowledged = None
+        t0 = time.perf_counter()
         await_shared(self.pg, version)
+        self.timings["await_s"] = time.perf_counter() - t0
         try:
-            self.checksum = read_shared(self.shared.tensor, plan,
-                                        lambda flat, a, b: self.model.load_weights(unpack_bucket(flat, plan, a, b)))
+            self.checksum = read_shared(self.shared.tensor, plan, lambda flat, a, b: self._load(plan, flat, a, b))
         except BaseException:
             acknowledge(self.pg, version, False)
             raise
@@ -162,6 +185,34 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         """Abstract in vLLM 0.26's base class (absent in 0.32): our trainer side is
         `transport.weights.WeightBroadcaster`, so this engine never sends."""
         raise NotImplementedError("brorl learners send with transport.weights.WeightBroadcaster")
+
+
+PLAIN_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+"""Layers whose post-load processing is nothing on a GPU: their weights serve as loaded."""
+
+
+def direct_reload(model: torch.nn.Module, model_config: Any, vllm_config: Any, device: torch.device) -> str:
+    """Why an update into `model` must take vLLM's layerwise reload ("" when `load_weights` may copy in place).
+
+    Layerwise reload puts every layer back on the meta device, materialises it again, loads it and re-runs its
+    post-load processing: needed where that processing changes the weights (the CPU backend repacks every linear
+    layer; quantized layers quantize; MLA absorbs its projections; MoE kernels may shuffle experts), wasted
+    elsewhere. On a GPU an unquantized dense model's linear and embedding layers serve their weights as loaded,
+    so the update is a copy into each parameter (vLLM's own in-place route for RL trainers)."""
+    if torch.device(device).type != "cuda":
+        return f"the {torch.device(device).type} backend repacks weights after loading"
+    if getattr(model_config, "quantization", None):
+        return f"quantized serving ({model_config.quantization})"
+    if getattr(model_config, "use_mla", False):
+        return "MLA attention processes its projections after loading"
+    cache_dtype = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto")
+    if str(cache_dtype) != "auto":
+        return f"kv_cache_dtype {cache_dtype} (scales are processed after loading)"
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None and type(method).__name__ not in PLAIN_METHODS:
+            return f"{name or 'the model'} uses {type(method).__name__}, which processes weights after loading"
+    return ""
 
 
 def reprepack_cpu_moe(model: torch.nn.Module) -> int:
@@ -270,6 +321,18 @@ class BrorlWorkerExtension:
             raise RuntimeError("brorl_output_counts before brorl_track_requests (or the model runner replaced "
                                "its request table): the version of in-flight tokens cannot be known")
         return table.take_counts()
+
+    def brorl_weight_timings(self) -> dict[str, Any]:
+        """The last update's split on this worker: its route ("direct" or "layerwise", and why), seconds to
+        start, to wait for the learner's word (ipc), to load (`load_weights`), to receive in all, to finish."""
+        eng = getattr(self, "weight_transfer_engine", None)
+        return dict(getattr(eng, "timings", {}))
+
+    def brorl_set_reload(self, mode: str) -> None:
+        """"auto" (in place where `direct_reload` allows) or "layerwise" (always): for benchmarks of both."""
+        if mode not in ("auto", "layerwise"):
+            raise ValueError(f"reload mode {mode!r}: expected auto or layerwise")
+        self.weight_transfer_engine.reload = mode
 
     def brorl_weight_state(self) -> tuple[int, str]:
         eng = getattr(self, "weight_transfer_engine", None)

@@ -86,13 +86,16 @@ print(max(rate, key=rate.get))" || echo corun)
   LIMIT=600 step gpuold $PT tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
   peer_pair 512 1 3 200 240 --brorl-set "actor.share_gpu=$mode"
 elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = rest ]; then
-  # one GPU, what earlier leases left unmeasured, most wanted first: realistic lengths compiled, padded against
-  # packed passes (the compiler's recompilations logged); the gpu tests (the compiled packed one is new); an 8B
-  # model on the one card by LoRA (learner.lora_rank; Llama 3 8B's shape, random weights: the frozen bf16 base and
-  # rank-16 adapters beside the engine, merged weights over CUDA IPC; recomputation on, as 8B's activations at
-  # 16k-token passes would not fit beside the engine; uncompiled); then what an earlier lease measured, to repeat:
-  # uncompiled padded against packed, brorl beside TRL at N = 512
-  LIMIT=480 step k_pcomp env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --kernels packed-compiled --tag "$TAG"
+  # one GPU, what earlier leases left unmeasured, most wanted first: one weight update over CUDA IPC into an engine
+  # on the learner's GPU, copied in place against vLLM's layerwise reload (the worker's split of each); realistic
+  # lengths compiled with packed passes at 16k and 32k tokens (the compiler's recompilations logged); the gpu tests
+  # (the compiled packed one is new; the in-place update runs in every engine of them); an 8B model on the one card
+  # by LoRA (learner.lora_rank; Llama 3 8B's shape, random weights: the frozen bf16 base and rank-16 adapters
+  # beside the engine, merged weights over CUDA IPC; recomputation on, as 8B's activations at 16k-token passes
+  # would not fit beside the engine; uncompiled); then what an earlier lease measured, to repeat
+  LIMIT=240 step wupd python3 -m bench.weight_update --shape qwen2-1.5b --backend ipc --updates 4 --tag "$TAG"
+  keep_bench "weight_update_ipc_${TAG}*"
+  LIMIT=420 step k_pcomp env TORCH_LOGS=recompiles python3 -m bench.learner --gpu --kernels packed-compiled --tag "$TAG"
   keep_bench "learner_gpu_${TAG}*"
   LIMIT=600 step gpu $PT tests/gpu/test_ipc_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_packing_gpu.py \
        tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py

@@ -13,8 +13,8 @@ from config.loader import load_config
 
 @pytest.mark.gpu
 def test_vllm_cuda_ipc_weight_updates_on_a_shared_gpu(tiny_model_dir, monkeypatch):
-    """Two updates through the same shared buffer land (version, checksum, the engine samples from the new
-    weights, then from the old ones again); a receiver that never loads is named in an error within the timeout."""
+    """Two updates through the same shared buffer land, copied in place (no layerwise reload): version, checksum,
+    the engine samples from the new weights, then from the old ones again; a receiver that never loads is named in an error within the timeout."""
     from transformers import AutoModelForCausalLM
     from vllm import LLM
 
@@ -53,6 +53,8 @@ def test_vllm_cuda_ipc_weight_updates_on_a_shared_gpu(tiny_model_dir, monkeypatc
             sent, got = await asyncio.gather(bc.broadcast(version), rx.receive(version))
             print(f"ipc update {version}: {time.perf_counter() - t0:.3f} s, learner split {bc.last_split}")
             assert got == (version, sent)
+            split = llm.collective_rpc("brorl_weight_timings")[0]
+            assert split["route"] == "direct", split  # an unquantized dense model on a GPU: copied in place
             errs.append((behaviour_error(model), behaviour_error(old) if perturb else None))
         # an engine that is never told to load: the learner's wait ends within its timeout, naming it
         bc.timeout_s = 3.0

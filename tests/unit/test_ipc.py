@@ -79,3 +79,37 @@ def test_ipc_reaches_vllm_as_our_engine():
     from actors.engine import WEIGHT_ENGINES
 
     assert WEIGHT_ENGINES["ipc"] == "brorl_ipc"
+
+
+def test_an_update_loads_in_place_only_where_every_layer_serves_its_weights_as_loaded():
+    """`direct_reload`: on a GPU an unquantized dense model skips vLLM's layerwise reload; the CPU backend, a
+    quantized model, MLA, a quantized KV cache and any layer whose method processes weights (an MoE's) keep it,
+    each with its reason."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    from transport.vllm_ext import direct_reload
+
+    def layer(method):
+        m = torch.nn.Linear(2, 2)
+        m.quant_method = method
+        return m
+
+    model = torch.nn.Sequential(layer(UnquantizedEmbeddingMethod()), layer(UnquantizedLinearMethod()),
+                                torch.nn.LayerNorm(2))
+    mc = SimpleNamespace(quantization=None, use_mla=False)
+    vc = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="auto"))
+    cuda = torch.device("cuda", 0)  # only compared: nothing is allocated there
+    assert direct_reload(model, mc, vc, cuda) == ""
+    assert direct_reload(model, mc, None, cuda) == ""  # a vLLM whose engine keeps no vllm_config
+    assert "cpu backend repacks" in direct_reload(model, mc, vc, torch.device("cpu"))
+    assert "quantized serving (fp8)" in direct_reload(model, SimpleNamespace(quantization="fp8", use_mla=False), vc,
+                                                      cuda)
+    assert "MLA" in direct_reload(model, SimpleNamespace(quantization=None, use_mla=True), vc, cuda)
+    assert "kv_cache_dtype fp8" in direct_reload(
+        model, mc, SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="fp8")), cuda)
+    moe = torch.nn.Sequential(model, layer(UnquantizedFusedMoEMethod.__new__(UnquantizedFusedMoEMethod)))
+    assert direct_reload(moe, mc, vc, cuda) == "1 uses UnquantizedFusedMoEMethod, which processes weights after loading"
