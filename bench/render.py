@@ -392,19 +392,35 @@ def _peers(d: dict) -> Table:
 
 
 def _one_gpu(runs: list[dict]) -> Table:
-    """bench.e2e --share-gpu: per N, the raw engine, then the loop time-sharing and co-running the one GPU."""
+    """bench.e2e --share-gpu: per N, the raw engine, then the loop time-sharing and co-running the one GPU; the
+    weight update's two sides a step (the learner's broadcast, which waits for the actor's acknowledgement, and
+    the actor's whole update: pause, load, resume)."""
     rows = []
     for d in runs:
         raw = {int(r["n"]): r["samples_per_s"] for r in d["raw"]}
         for r in sorted(d["runs"], key=lambda r: r.get("share_gpu", "") != "corun"):
             bound = r.get("timeshare_bound_samples_per_s")
+            loads = [p["actor_update_s"] for p in r.get("per_step", [])]
             rows.append([str(r["n"]), r.get("share_gpu", "corun"), n(raw[int(r["n"])], 1), n(r["samples_per_s"], 1),
                          pct(r["of_raw"]), f"{r['samples_per_s'] / bound:.2f} ×" if bound else "–",
                          f"{r['train_s_per_step']:.1f}", pct(r["learner_mfu"]), f"{r['broadcast_s_per_step']:.2f}",
+                         f"{sum(loads) / len(loads):.2f}" if loads else "–",
                          pct(r["actor_idle_share"]), pct(r["learner_wait_share"]), f"{r['mismatch_kl']:.1e}"])
     return (["N", "sharing", "raw engine samples/s", "loop samples/s", "of raw", "of time-share bound",
-             "train s a step", "learner MFU", "weight update s", "engine idle", "learner waiting", "mismatch KL"],
-            "llrrrrrrrrrr", rows)
+             "train s a step", "learner MFU", "broadcast s a step", "actor update s a step", "engine idle",
+             "learner waiting", "mismatch KL"], "llrrrrrrrrrrr", rows)
+
+
+def _weight_update(d: dict) -> Table:
+    """bench.weight_update: one update into a real engine, per reload route (updates after the route's first)."""
+    rows = []
+    for mode, r in d["routes"].items():
+        rows.append(["the actor's (in place where allowed)" if mode == "auto" else "vLLM's layerwise reload, always",
+                     r["route"], f"{r['median_s']:.3f} ({r['min_s']:.3f}–{r['max_s']:.3f})", f"{r['await_s']:.3f}",
+                     f"{r['load_s']:.3f}", f"{r['start_s'] + r['finish_s']:.3f}"])
+    return ([f"reload ({d['shape']}, {d['GB']:.2f} GB in {d['buckets']} buckets)", "route taken",
+             "update s, learner start to checksum (min–max)", "worker waits for the learner's packing s",
+             "worker `load_weights` s", "worker start + finish s"], "llrrrr", rows)
 
 
 FAMILY_NAMES = {"llama3": "Llama 3", "qwen2.5": "Qwen2.5", "qwen3": "Qwen3", "qwen3-moe": "Qwen3-MoE",
@@ -462,6 +478,11 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
     "peers-h200": ("peers_h200.json", _peers),
     "families-cycle": ("families_cycle.json", _families_cycle),
     "one-gpu-h200": (("e2e_h200share_16.json", "e2e_h200share_512.json"), _one_gpu),
+    "one-gpu-h200-inplace": (("e2e_h200share_16d.json",),  # its time-shared row is the earlier run's, carried over
+                             lambda runs: _one_gpu([{**d, "runs": [r for r in d["runs"] if r.get("share_gpu") == "corun"]}
+                                                    for d in runs])),
+    "one-gpu-h200-lora8b": (("e2e_h200lora8b.json",), _one_gpu),
+    "weight-update-ipc-h200": ("weight_update_ipc_h200.json", _weight_update),
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""
 

@@ -217,5 +217,6 @@ def test_one_gpu_settings_place_both_roles_on_gpu_0_and_the_command_line_wins(ca
     assert "transport.weight_backend=\"ipc\"" in printed and "micro_batch_tokens" not in printed
     c = load_config("brorl-1.5b", {**over, "model.path": "m", "verifiers.task": "arith"})
     assert (c.learner.micro_batch_tokens, c.actor.kv_cache_gib, c.learner.backend) == (8192, 12, "torch")
+    assert c.learner.packing and c.learner.compile  # compiled packed passes, the fastest measured on spread lengths
     p = place(c, visible=1)
     assert p == Placement([0], [[0]])
