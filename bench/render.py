@@ -391,6 +391,10 @@ def _peers(d: dict) -> Table:
              "peak GPU GiB", "status"], "llrrrrrl", rows)
 
 
+WARM = 2
+"""bench.e2e's steps left out of a run's steady state (its per-step rows start at step 2)."""
+
+
 def _one_gpu(runs: list[dict]) -> Table:
     """bench.e2e --share-gpu: per N, the raw engine, then the loop time-sharing and co-running the one GPU; the
     weight update's two sides a step (the learner's broadcast, which waits for the actor's acknowledgement, and
@@ -400,7 +404,7 @@ def _one_gpu(runs: list[dict]) -> Table:
         raw = {int(r["n"]): r["samples_per_s"] for r in d["raw"]}
         for r in sorted(d["runs"], key=lambda r: r.get("share_gpu", "") != "corun"):
             bound = r.get("timeshare_bound_samples_per_s")
-            loads = [p["actor_update_s"] for p in r.get("per_step", [])]
+            loads = [p["actor_update_s"] for p in r.get("per_step", []) if p["step"] > WARM]  # the steady steps
             rows.append([str(r["n"]), r.get("share_gpu", "corun"), n(raw[int(r["n"])], 1), n(r["samples_per_s"], 1),
                          pct(r["of_raw"]), f"{r['samples_per_s'] / bound:.2f} ×" if bound else "–",
                          f"{r['train_s_per_step']:.1f}", pct(r["learner_mfu"]), f"{r['broadcast_s_per_step']:.2f}",

@@ -78,25 +78,33 @@ def measure(shape: str, backend: str, updates: int, preset: str, kv_gib: float,
     rows = asyncio.run(run())
     ups = rows[1:]
     gb = sum(n for *_, n in bc.plan.buckets) / 1e9
-    routes = {}
-    for mode in reloads:
-        mine = [r for r in ups if r["reload"] == mode][1:] or [r for r in ups if r["reload"] == mode]  # warm
-        routes[mode] = {"route": mine[-1]["worker"].get("route"), "why": mine[-1]["worker"].get("why"),
-                        "median_s": statistics.median(r["total_s"] for r in mine),
-                        "min_s": min(r["total_s"] for r in mine), "max_s": max(r["total_s"] for r in mine),
-                        **{k: statistics.median(r["worker"].get(k, 0.0) for r in mine)
-                           for k in ("start_s", "await_s", "load_s", "receive_s", "finish_s")}}
+    routes = by_route(ups, reloads)
     first = routes[reloads[0]]
     out = {"shape": shape, "backend": backend, "device": torch.cuda.get_device_name(0) if gpu else "cpu",
            "GB": gb, "buckets": len(bc.plan.buckets), "engine_start_s": start_s, "join_s": rows[0]["join_s"],
-           "updates": ups, "routes": routes, "median_s": first["median_s"], "min_s": first["min_s"],
-           "max_s": first["max_s"],
-           "pack_s": statistics.median(r["pack_s"] for r in ups),
-           "wait_s": statistics.median(r["wait_s"] for r in ups),
+           "updates": ups, "routes": routes, **{k: first[k] for k in ("median_s", "min_s", "max_s", "pack_s", "wait_s")},
            "checksums_match": all(r["checksum_ok"] for r in ups),
            "buffer_GB": gb if backend == "ipc" else 0.0}
     llm.llm_engine.engine_core.shutdown()
     return out
+
+
+def by_route(ups: list[dict], reloads) -> dict[str, dict]:
+    """Per reload route, over its updates after the first (the first may pay one-time costs): the update's
+    median, min and max, the learner's packing and wait, and the worker's split, medians all."""
+    routes = {}
+    for mode in reloads:
+        mine = [r for r in ups if r["reload"] == mode]
+        mine = mine[1:] or mine
+
+        def med(key: str, worker: bool = False) -> float:
+            return statistics.median((r["worker"] if worker else r).get(key, 0.0) for r in mine)
+
+        routes[mode] = {"route": mine[-1]["worker"].get("route"), "why": mine[-1]["worker"].get("why"),
+                        "median_s": med("total_s"), "min_s": min(r["total_s"] for r in mine),
+                        "max_s": max(r["total_s"] for r in mine), "pack_s": med("pack_s"), "wait_s": med("wait_s"),
+                        **{k: med(k, worker=True) for k in ("start_s", "await_s", "load_s", "receive_s", "finish_s")}}
+    return routes
 
 
 def main() -> None:

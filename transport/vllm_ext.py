@@ -212,6 +212,9 @@ def direct_reload(model: torch.nn.Module, model_config: Any, vllm_config: Any, d
         method = getattr(module, "quant_method", None)
         if method is not None and type(method).__name__ not in PLAIN_METHODS:
             return f"{name or 'the model'} uses {type(method).__name__}, which processes weights after loading"
+    for name, _ in model.named_parameters():
+        if name.rpartition(".")[2] == "sinks":
+            return f"attention sinks ({name}): attention backends serve a copy made after loading"
     return ""
 
 

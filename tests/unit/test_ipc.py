@@ -83,8 +83,8 @@ def test_ipc_reaches_vllm_as_our_engine():
 
 def test_an_update_loads_in_place_only_where_every_layer_serves_its_weights_as_loaded():
     """`direct_reload`: on a GPU an unquantized dense model skips vLLM's layerwise reload; the CPU backend, a
-    quantized model, MLA, a quantized KV cache and any layer whose method processes weights (an MoE's) keep it,
-    each with its reason."""
+    quantized model, MLA, a quantized KV cache, attention sinks and any layer whose method processes weights (an
+    MoE's) keep it, each with its reason."""
     from types import SimpleNamespace
 
     from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
@@ -111,5 +111,8 @@ def test_an_update_loads_in_place_only_where_every_layer_serves_its_weights_as_l
     assert "MLA" in direct_reload(model, SimpleNamespace(quantization=None, use_mla=True), vc, cuda)
     assert "kv_cache_dtype fp8" in direct_reload(
         model, mc, SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="fp8")), cuda)
+    sinks = torch.nn.Sequential(model, torch.nn.Module())
+    sinks[1].sinks = torch.nn.Parameter(torch.zeros(2))
+    assert direct_reload(sinks, mc, vc, cuda).startswith("attention sinks (1.sinks)")
     moe = torch.nn.Sequential(model, layer(UnquantizedFusedMoEMethod.__new__(UnquantizedFusedMoEMethod)))
     assert direct_reload(moe, mc, vc, cuda) == "1 uses UnquantizedFusedMoEMethod, which processes weights after loading"
