@@ -15,6 +15,7 @@ nothing written. It returns the config the roles run with (ports resolved).
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -105,6 +106,8 @@ def _model(cfg):
         _fail(f"model.path {cfg.model.path!r}: a file, not a folder; {fix}")
     if not (path / "config.json").is_file():
         _fail(f"model.path {cfg.model.path!r}: no config.json; {fix}")
+    if cfg.learner.packing:
+        _packable(cfg.model.path, path / "config.json")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         _fail(f"model.path {cfg.model.path!r}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); copy the "
               f"tokenizer's files from the model you trained into the folder")
@@ -117,6 +120,18 @@ def _model(cfg):
     except Exception as e:  # transformers raises many kinds for a broken tokenizer
         _fail(f"model.path {cfg.model.path!r}: its tokenizer does not load ({type(e).__name__}: "
               f"{str(e).splitlines()[0] if str(e) else ''}); {fix}")
+
+
+def _packable(name: str, config_json: Path) -> None:
+    """learner.packing: packed attention does not cap attention logits (Gemma 2's softcapping)."""
+    try:
+        conf = json.loads(config_json.read_text())
+    except (OSError, ValueError) as e:
+        _fail(f"model.path {name!r}: config.json does not read as JSON ({e})")
+    for c in (conf, conf.get("text_config") or {}):
+        if c.get("attn_logit_softcapping"):
+            _fail(f"learner.packing: the model at {name!r} caps its attention logits (attn_logit_softcapping = "
+                  f"{c['attn_logit_softcapping']}), which packed attention does not do; set --learner.packing false")
 
 
 def _render(cfg, tok, loaded: list) -> None:

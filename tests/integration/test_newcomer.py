@@ -165,6 +165,15 @@ def _no_tokenizer(c) -> str:
     return str(d)
 
 
+def _softcapped(c) -> str:
+    d = c.tmp / "model-softcap"
+    if not d.exists():
+        shutil.copytree(c.model, d)
+        conf = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**conf, "attn_logit_softcapping": 50.0}))
+    return str(d)
+
+
 # (what the newcomer did, their arguments (given the fixture), what the one console line must say)
 MISTAKES = [
     ("unknown key on the command line", lambda c: ["--learner.total_steps", "5"],
@@ -224,7 +233,10 @@ MISTAKES = [
                                            "--transport.rollout_port", "7001", "--transport.control_port", "7001"],
      ["transport.rollout_port and transport.control_port are both 7001"]),
     ("a run folder that is a file", lambda c: ["--data.train", str(c.data["openrlhf"]), *FREE_PORTS,
-                                               "--run.run_dir", _mine(c, "mine.txt", "x")], ["a file, not a folder"]),    ("a GPU job on a machine without one", lambda c: ["--data.train", str(c.data["openrlhf"]), "--learner.device", "cuda"],
+                                               "--run.run_dir", _mine(c, "mine.txt", "x")], ["a file, not a folder"]),    ("packed passes for a model that caps its attention logits", lambda c: [
+        "--data.train", str(c.data["openrlhf"]), "--model.path", _softcapped(c), "--learner.packing", "true"],
+     ["learner.packing: the model at", "attn_logit_softcapping = 50.0", "set --learner.packing false"]),
+    ("a GPU job on a machine without one", lambda c: ["--data.train", str(c.data["openrlhf"]), "--learner.device", "cuda"],
      ["GPU placement", "this host shows no GPU"]),
 ]
 
