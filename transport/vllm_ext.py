@@ -156,8 +156,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
     def _receive_shared(self, plan: WeightPlan, version: int) -> None:
         """ipc: wait for the learner's word, then load from the shared buffer; acknowledged in
-        `finish_weight_update` once the layerwise reload has finished with the buffer (a failure here is
-        acknowledged at once, so the learner need not wait out its timeout)."""
+        `finish_weight_update` once every copy out of the buffer (and any layerwise reload) is done (a failure
+        here is acknowledged at once, so the learner need not wait out its timeout)."""
         self._unacknowledged = None
         t0 = time.perf_counter()
         await_shared(self.pg, version)
@@ -196,9 +196,10 @@ def direct_reload(model: torch.nn.Module, model_config: Any, vllm_config: Any, d
 
     Layerwise reload puts every layer back on the meta device, materialises it again, loads it and re-runs its
     post-load processing: needed where that processing changes the weights (the CPU backend repacks every linear
-    layer; quantized layers quantize; MLA absorbs its projections; MoE kernels may shuffle experts), wasted
-    elsewhere. On a GPU an unquantized dense model's linear and embedding layers serve their weights as loaded,
-    so the update is a copy into each parameter (vLLM's own in-place route for RL trainers)."""
+    layer; quantized layers quantize; MLA absorbs its projections; MoE kernels may shuffle experts; attention
+    backends keep their own copy of attention sinks), wasted elsewhere. On a GPU an unquantized dense model's
+    linear and embedding layers serve their weights as loaded, so the update is a copy into each parameter
+    (vLLM's own in-place route for RL trainers)."""
     if torch.device(device).type != "cuda":
         return f"the {torch.device(device).type} backend repacks weights after loading"
     if getattr(model_config, "quantization", None):
