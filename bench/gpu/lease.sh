@@ -67,14 +67,11 @@ peer_pair() {  # peer_pair N PROMPTS STEPS TRL_LIMIT BRORL_LIMIT [--brorl-set K=
     cp "$d"/metrics.jsonl "$d"/logs/*.log "$R/bench/peers-$(basename "$d")/" 2>/dev/null; done; pack
 }
 if [ "$GPUS" = 1 ] && [ "${ONE:-}" = share ]; then
-  # one GPU, everything a one-GPU user meets, most wanted first (a lease may end before the last step): the gpu
-  # tests of the weights over CUDA IPC, the fused log-prob kernels and packed attention; the learner on
-  # realistic lengths padded and packed; the loop at N = 16 time-sharing then co-running (`--share-gpu`: `brorl
-  # run --one-gpu`'s settings); brorl beside TRL's GRPO at N = 16 in the sharing mode that was faster; then
-  # N = 512; then the older gpu tests
-  LIMIT=360 step gpunew $PT tests/gpu/test_ipc_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_packing_gpu.py
-  LIMIT=360 step k_pack python3 -m bench.learner --gpu --kernels packed --tag "$TAG"
-  keep_bench "learner_gpu_${TAG}*"
+  # one GPU, everything a one-GPU user meets, most wanted first (a lease may end before the last step): the loop
+  # at N = 16 time-sharing then co-running (`--share-gpu`: `brorl run --one-gpu`'s settings, packed learner passes
+  # and the in-place weight update included); brorl beside TRL's GRPO at N = 16 in the sharing mode that was
+  # faster; then N = 512; then the gpu tests (weights over CUDA IPC, kernels, packing, presets, user data,
+  # placement) and brorl beside TRL at N = 512
   share_pair 16
   mode=$(python3 -c "import json
 runs = json.load(open('bench/results/e2e_${TAG}share_16.json'))['runs']
@@ -83,8 +80,9 @@ print(max(rate, key=rate.get))" || echo corun)
   echo "$mode" > "$R/peers_mode.txt"
   peer_pair 16 32 4 0 300 --brorl-set "actor.share_gpu=$mode"  # TRL's N = 16 row: an earlier lease's
   share_pair 512
-  LIMIT=600 step gpuold $PT tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
-  peer_pair 512 1 3 200 240 --brorl-set "actor.share_gpu=$mode"
+  LIMIT=600 step gpu $PT tests/gpu/test_ipc_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_packing_gpu.py \
+       tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
+  peer_pair 512 1 3 200 300 --brorl-set "actor.share_gpu=$mode"
 elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = rest ]; then
   # one GPU, what earlier leases left unmeasured, most wanted first: one weight update over CUDA IPC into an engine
   # on the learner's GPU, copied in place against vLLM's layerwise reload (the worker's split of each); realistic
