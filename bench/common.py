@@ -9,6 +9,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -125,3 +126,38 @@ def load_run(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     return {"metrics": metrics_mod.read(run_dir / "metrics.jsonl"),
             "heldout": metrics_mod.read(run_dir / "heldout.jsonl"), "summary": summary}
+
+
+class GpuMemory:
+    """The memory in use on card `gpu` (None: the fullest card), every process on it, by nvidia-smi every `every`
+    s in a thread: `peak_gib` is None where there is no nvidia-smi."""
+
+    def __init__(self, gpu: int | None = None, every: float = 1.0):
+        self.gpu, self.every, self.peak_gib = gpu, every, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def sample(self) -> None:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                  *(["-i", str(self.gpu)] if self.gpu is not None else [])],
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        if out.returncode == 0 and out.stdout.strip():
+            gib = max(float(x) for x in out.stdout.split()) / 1024
+            self.peak_gib = gib if self.peak_gib is None else max(self.peak_gib, gib)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def __enter__(self) -> "GpuMemory":
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+        self.sample()

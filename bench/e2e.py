@@ -157,10 +157,13 @@ def raw(preset: str, over: dict, prompts: int, gpu: int | None) -> dict:
 
 
 def run_case(preset: str, over: dict, actors: int, tag: str) -> dict:
-    from bench.common import brorl_run
+    """One `brorl run`, summarised, with the fullest card's peak memory in use (every process on it; None
+    without nvidia-smi)."""
+    from bench.common import GpuMemory, brorl_run
 
-    res = brorl_run(ROOT / "runs" / "bench" / "e2e" / tag, over, preset=preset)
-    return {**summarise(res["metrics"], actors, tag), "wall_s": res["wall_s"]}
+    with GpuMemory() as mem:
+        res = brorl_run(ROOT / "runs" / "bench" / "e2e" / tag, over, preset=preset)
+    return {**summarise(res["metrics"], actors, tag), "wall_s": res["wall_s"], "peak_gpu_gib": mem.peak_gib}
 
 
 def summarise(m: list[dict], actors: int, tag: str = "") -> dict:

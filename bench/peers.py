@@ -44,50 +44,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, peak_rss_mb, table, write_json
+from bench.common import RESULTS, GpuMemory, peak_rss_mb, table, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 PASS_RATE = 0.5
 COLS = ["peer", "n", "prompts_per_step", "samples_per_step", "prompt_len", "completion_len", "mean_completion_len",
         "steps", "warmup", "s_per_step", "samples_per_s", "tokens_per_s", "gen_share", "peak_gpu_gib", "status"]
-
-
-class GpuMemory:
-    """The card's memory in use (nvidia-smi, every process on it), sampled every `every` s in a thread:
-    `peak_gib` is None where there is no nvidia-smi."""
-
-    def __init__(self, gpu: int = 0, every: float = 1.0):
-        self.gpu, self.every, self.peak_gib = gpu, every, None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def sample(self) -> None:
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                  "-i", str(self.gpu)], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return
-        if out.returncode == 0 and out.stdout.strip():
-            gib = float(out.stdout.split()[0]) / 1024
-            self.peak_gib = gib if self.peak_gib is None else max(self.peak_gib, gib)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every):
-            self.sample()
-
-    def __enter__(self) -> "GpuMemory":
-        self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=15)
-        self.sample()
 
 
 def steady(step_s: list[float], warmup: int, samples_per_step: int) -> dict:
@@ -303,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     def progress(fields: dict) -> None:  # the steps so far, in the results file, until the run's own row
         save(name, {**row, **fields, "peak_gpu_gib": mem.peak_gib}, draw=False)
 
-    with GpuMemory() as mem:
+    with GpuMemory(0) as mem:
         try:
             row.update(run_trl(a, progress) if a.peer == "trl" else run_brorl(a), status="ok")
         except Exception as e:  # a peer that fails (out of memory, a limit) is a result: its row says why

@@ -409,10 +409,11 @@ def _one_gpu(runs: list[dict]) -> Table:
                          pct(r["of_raw"]), f"{r['samples_per_s'] / bound:.2f} ×" if bound else "–",
                          f"{r['train_s_per_step']:.1f}", pct(r["learner_mfu"]), f"{r['broadcast_s_per_step']:.2f}",
                          f"{sum(loads) / len(loads):.2f}" if loads else "–",
-                         pct(r["actor_idle_share"]), pct(r["learner_wait_share"]), f"{r['mismatch_kl']:.1e}"])
+                         pct(r["actor_idle_share"]), pct(r["learner_wait_share"]), f"{r['mismatch_kl']:.1e}",
+                         f"{r['peak_gpu_gib']:.1f}" if r.get("peak_gpu_gib") else "–"])
     return (["N", "sharing", "raw engine samples/s", "loop samples/s", "of raw", "of time-share bound",
              "train s a step", "learner MFU", "broadcast s a step", "actor update s a step", "engine idle",
-             "learner waiting", "mismatch KL"], "llrrrrrrrrrrr", rows)
+             "learner waiting", "mismatch KL", "card peak GiB"], "llrrrrrrrrrrrr", rows)
 
 
 def _weight_update(d: dict) -> Table:

@@ -35,3 +35,24 @@ def test_prompts_have_the_asked_length_and_the_reward_is_the_throughput_rule():
     rows = peers.prompts(4, 40, seed=0)
     assert [len(r["prompt"]) for r in rows] == [40] * 4
     assert peers.reward(["x", "y"], ["1.000000", "0.000000"]) == [1.0, 0.0]
+
+
+def test_the_card_memory_sampler_keeps_the_fullest_cards_peak(tmp_path, monkeypatch):
+    """`bench.common.GpuMemory` (bench.peers and bench.e2e): the peak over samples of the fullest card, from
+    nvidia-smi's MiB lines; None where there is no nvidia-smi."""
+    from bench.common import GpuMemory
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with GpuMemory(every=0.05) as mem:
+        pass
+    assert mem.peak_gib is None  # no nvidia-smi here
+    used = tmp_path / "used"
+    used.write_text("1024\n3072\n")
+    smi = tmp_path / "nvidia-smi"  # a stand-in printing one line per card, as the real one does
+    smi.write_text(f"#!/bin/sh\nexec /bin/cat {used}\n")
+    smi.chmod(0o755)
+    mem = GpuMemory(every=0.05)
+    mem.sample()
+    used.write_text("2048\n1024\n")
+    mem.sample()
+    assert mem.peak_gib == 3.0
