@@ -12,10 +12,13 @@ from pathlib import Path
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, wandb_project: str | None = None, wandb_mode: str = "offline"):
+    def __init__(self, run_dir: str | Path, wandb_project: str | None = None, wandb_mode: str = "offline",
+                 resume_step: int | None = None):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
+        if resume_step is not None:  # rows past the checkpoint belong to steps that are trained again now
+            cut_after(self.path, resume_step)
         self._f = open_append(self.path)
         self.non_finite = 0
         try:
@@ -73,6 +76,18 @@ def open_append(path: str | Path):
             if not data.endswith(b"\n"):
                 f.truncate(data.rfind(b"\n") + 1)
     return p.open("a")
+
+
+def cut_after(path: str | Path, step: int) -> int:
+    """Drop the rows of steps after `step` (and a torn last line), atomically; the number of rows dropped."""
+    p = Path(path)
+    rows = read(p)
+    keep = [r for r in rows if r["step"] <= step]
+    if len(keep) != len(rows) or (p.exists() and not p.read_bytes().endswith(b"\n") and p.stat().st_size):
+        tmp = p.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        tmp.replace(p)
+    return len(rows) - len(keep)
 
 
 def read(path: str | Path) -> list[dict]:

@@ -130,7 +130,8 @@ class LearnerService:
         self.weights = WeightSync(self.members, broadcaster, self.sockets.control, host=t.host,
                                   heartbeat_s=t.heartbeat_interval_s, tensor_parallel=a.tensor_parallel_size,
                                   evict=lambda within_s: self.intake.evict_silent(within_s))
-        self.metrics = MetricsWriter(cfg.run.run_dir, cfg.run.wandb_project or None, cfg.run.wandb_mode)
+        self.metrics = MetricsWriter(cfg.run.run_dir, cfg.run.wandb_project or None, cfg.run.wandb_mode,
+                                     resume_step=self.version if saved is not None else None)
         # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
         self.ledger = open_append(Path(cfg.run.run_dir) / "ledger.jsonl")
         self.stop = asyncio.Event()
@@ -181,9 +182,9 @@ class LearnerService:
             if batch is None:
                 continue                                  # a member joined (and got the weights), or stop
             self.commit(batch, report)                    # data cursor and ledger
-            await self.checkpoint_if_due()
             await self.evaluate_if_due(report)
-            self.metrics.write(self.version, report.row())
+            self.metrics.write(self.version, report.row())  # before the checkpoint: a kill between them loses no row
+            await self.checkpoint_if_due()
             await self.stop_if_numerics_failed()
             report = StepReport()
 

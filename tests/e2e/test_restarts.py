@@ -52,7 +52,7 @@ def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_mod
         learner = role("learner")
         learner.send_signal(signal.SIGKILL)
         learner.wait(30)
-        # the last step the killed learner completed: a step's checkpoint is written before its metrics row
+        # the last step the killed learner completed: a step's metrics row is written before its checkpoint
         killed_at = max(steps_done(tmp_path), int(ckpt.read_text().split("-")[1]))
         assert run.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:

@@ -130,6 +130,25 @@ def test_sigkill_while_saving_never_breaks_resume(tmp_path):
     assert last >= 2
 
 
+def test_a_resumed_learner_drops_the_rows_of_the_steps_it_trains_again(tmp_path):
+    """A learner killed after step 5's row but before its checkpoint resumes from step 4: step 5 is trained
+    again, so its first row goes (one row per step, the latest run's)."""
+    w = MetricsWriter(tmp_path)
+    for step in range(1, 6):
+        w.write(step, {"loss": 1.0 / step})
+    w.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "lo')  # and a torn line after it
+    w = MetricsWriter(tmp_path, resume_step=4)
+    w.write(5, {"loss": 0.1})
+    w.close()
+    rows = read(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["loss"] == 0.1
+    w = MetricsWriter(tmp_path, resume_step=5)  # nothing past the checkpoint: the file stays as it is
+    w.close()
+    assert [r["step"] for r in read(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
 def test_torn_jsonl_lines_never_stop_a_run(tmp_path):
     w = MetricsWriter(tmp_path)
     w.write(1, {"loss": 0.5})
