@@ -6,11 +6,10 @@
 Named loops (inbox, control, work, weights, heartbeat) over collaborators: `WeightSync` (weights' version
 and state, weight group, receive; `may_admit`), `EngineSupervisor` (engine creation, death, restart budget),
 `verifiers.registry.Registry` (self-tested hot swaps) and `GroupPipeline` (one prompt: generate, score,
-send). A dead engine is rebuilt in place; a restarted learner (a new epoch) is rejoined: the actor drops
-what belonged to the old one and waits for the new one's weights. If a background task dies the actor
-stops with its error. SIGTERM drains: no new work, in-flight groups finish and are acknowledged (bounded),
-then engine and verifier pool shut down (before the learner answered the first hello: at once).
-"""
+send). A dead engine is rebuilt in place; a restarted learner (a new epoch) is rejoined: the actor drops what
+belonged to the old one and waits for the new one's weights. If a background task dies the actor stops with
+its error. SIGTERM drains: no new work, in-flight groups finish and are acknowledged (bounded), then engine
+and verifier pool end (before the learner answered the first hello: at once); nothing under the actor lives on."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from actors.in_flight import InFlightPolicy, TokenVersions
 from actors.pipeline import GroupPipeline
 from actors.scoring import ScoringPool
 from actors.stats import ActorStats, EngineLoad
-from actors.supervisor import EngineSupervisor
+from actors.supervisor import STOP_GRACE_S, EngineSupervisor, end_descendants
 from actors.tasks import TaskSet, unless
 from actors.verifier_set import ActorRefused, ActorVerifiers
 from actors.weight_sync import WeightSync
@@ -35,8 +34,6 @@ from transport.weights import WeightReceiver
 from transport.zmq_transport import ActorSockets, Endpoints, Security
 
 log = logging.getLogger("brorl.actor")
-
-
 class Actor:
     def __init__(self, cfg: BrorlConfig, actor_id: str, endpoints: Endpoints):
         self.cfg, self.actor_id, self.endpoints = cfg, actor_id, endpoints
@@ -97,7 +94,7 @@ class Actor:
             self.tasks.cancel_all()
             self.pool.close()
             self.sockets.close()
-            self.supervisor.shutdown()
+            self.supervisor.shutdown(grace_s=STOP_GRACE_S)  # the actor is ending: its engine holds nothing to keep
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """No new work; wait for in-flight groups to be generated, sent and acknowledged (not long if the
@@ -267,4 +264,7 @@ class Actor:
 
 def main(cfg: BrorlConfig, actor_id: str, endpoints: Endpoints) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return asyncio.run(Actor(cfg, actor_id, endpoints).run())
+    try:
+        return asyncio.run(Actor(cfg, actor_id, endpoints).run())
+    finally:
+        end_descendants()

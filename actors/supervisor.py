@@ -9,11 +9,29 @@ actor stops with the error for its own supervisor (`brorl run`, Ray, Docker) to 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from typing import Any, Awaitable, Callable
 
 log = logging.getLogger("brorl.actor")
+# how long the engine core may tear down at the actor's end before it is killed (vLLM's own wait is 5 s, and every
+# job's end waited for it; the core has nothing to save, and its workers end with it)
+STOP_GRACE_S = 1.0
+
+
+def end_descendants() -> None:
+    """SIGKILL what still runs under the actor's process at its end: an engine core's workers still in their
+    own teardown, a scoring worker still on a cancelled program. Not multiprocessing's resource tracker: once
+    the actor is gone it unlinks the shared memory that the killed processes leave behind."""
+    import psutil
+
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if not any("resource_tracker" in part for part in p.cmdline()):
+                p.kill()
+        except psutil.Error:
+            pass
 
 
 class EngineBudgetExceeded(RuntimeError):
@@ -78,10 +96,15 @@ class EngineSupervisor:
         log.info("vLLM engine restarted in %.1f s", time.monotonic() - t0)
         return self.engine
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float | None = None) -> None:
+        """End the engine. `grace_s`: how long its core may tear down before it is killed (None: vLLM's own
+        wait, 5 s; a restart in place uses it, so the new engine finds the device memory free)."""
         if self.engine is None:
             return
         try:
-            self.engine.shutdown()
+            if grace_s is not None and "timeout" in inspect.signature(self.engine.shutdown).parameters:
+                self.engine.shutdown(timeout=grace_s)
+            else:
+                self.engine.shutdown()
         except Exception as e:  # a dead engine may not shut down cleanly; its processes are gone anyway
             log.warning("shutting down the engine: %s", e)
