@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -24,7 +25,10 @@ class MetricsWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(self.dir / "tensorboard"))
+            # on a resume TensorBoard hides the dead learner's points past the checkpoint (W&B keeps the first
+            # value it got for a step: a retrained step's shows in metrics.jsonl and TensorBoard)
+            self.tb = SummaryWriter(str(self.dir / "tensorboard"),
+                                    purge_step=None if resume_step is None else resume_step + 1)
         except Exception:  # tensorboard missing: JSONL is the record
             self.tb = None
         self.wandb = None
@@ -79,14 +83,27 @@ def open_append(path: str | Path):
 
 
 def cut_after(path: str | Path, step: int) -> int:
-    """Drop the rows of steps after `step` (and a torn last line), atomically; the number of rows dropped."""
+    """Drop the rows of steps after `step` and any line `read` skips (a torn or bad last line), by an fsynced
+    rewrite under a temporary name; the number of rows dropped."""
     p = Path(path)
+    if not p.exists():
+        return 0
     rows = read(p)
     keep = [r for r in rows if r["step"] <= step]
-    if len(keep) != len(rows) or (p.exists() and not p.read_bytes().endswith(b"\n") and p.stat().st_size):
-        tmp = p.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        tmp.replace(p)
+    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+    if len(keep) == len(lines) and p.read_bytes().endswith(b"\n"):
+        return 0
+    tmp = p.with_name(p.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in keep))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(p)
+    fd = os.open(p.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return len(rows) - len(keep)
 
 

@@ -29,7 +29,7 @@ from learner.heldout import HeldoutEstimate
 from learner.intake import Intake
 from learner.lora import save_adapters
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
-from learner.metrics import ACTOR_COUNTERS, MetricsWriter, open_append
+from learner.metrics import ACTOR_COUNTERS, MetricsWriter, cut_after, open_append
 from learner.ranks import Ranks, build_trainer, follow, join_ranks
 from learner.report import StepReport
 from learner.planning import TrainGroup
@@ -130,8 +130,12 @@ class LearnerService:
         self.weights = WeightSync(self.members, broadcaster, self.sockets.control, host=t.host,
                                   heartbeat_s=t.heartbeat_interval_s, tensor_parallel=a.tensor_parallel_size,
                                   evict=lambda within_s: self.intake.evict_silent(within_s))
+        # a resume (from a checkpoint, or from step 0 where none was written yet) trains the steps after it
+        # again: their rows of the dead learner go, and its held-out rows past them (step 0's, redone at 0)
         self.metrics = MetricsWriter(cfg.run.run_dir, cfg.run.wandb_project or None, cfg.run.wandb_mode,
-                                     resume_step=self.version if saved is not None else None)
+                                     resume_step=self.version if resume else None)
+        if resume:
+            cut_after(Path(cfg.run.run_dir) / "heldout.jsonl", self.version if self.version else -1)
         # every grant and every trained prompt, in order: the audit trail that exact resume is checked on
         self.ledger = open_append(Path(cfg.run.run_dir) / "ledger.jsonl")
         self.stop = asyncio.Event()

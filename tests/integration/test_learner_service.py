@@ -321,6 +321,39 @@ async def test_the_last_step_is_checkpointed_whatever_the_interval(tiny_model_di
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000003"
 
 
+def closed(svc: LearnerService) -> LearnerService:
+    """A service that will not run: its sockets closed now (a ZeroMQ context left to the garbage collector
+    blocks whichever later test collects it, in its term())."""
+    svc.sockets.close()
+    svc.metrics.close()
+    svc.ledger.close()
+    return svc
+
+
+async def test_a_resumed_learner_drops_the_rows_of_the_steps_it_trains_again(tiny_model_dir, tmp_path):
+    """A learner killed after rows past its checkpoint (steps 3 and 4, the held-out estimate at 4) resumes at the
+    checkpoint's step 2: those rows go, the rest stay. One killed before any checkpoint resumes at step 0 and
+    trains everything again, its held-out estimate at 0 included: every row goes."""
+    from learner.metrics import read
+
+    cfg = job(tiny_model_dir, tmp_path / "one", steps=2)
+    await run_job(cfg, [FakeActor(LearnerService.endpoints_of(cfg), "a0", n_samples=N, seed=0)])
+    run = tmp_path / "one"
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "loss": 0.1}\n{"step": 4, "loss": 0.2}\n')
+    with open(run / "heldout.jsonl", "a") as f:
+        f.write('{"step": 2, "pass_at_1": 0.5}\n{"step": 4, "pass_at_1": 0.6}\n')
+    assert closed(LearnerService(cfg, resume=True)).version == 2
+    assert [r["step"] for r in read(run / "metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in read(run / "heldout.jsonl")] == [2]
+    fresh = job(tiny_model_dir, tmp_path / "two", steps=2)
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.1}\n')
+    (tmp_path / "two" / "heldout.jsonl").write_text('{"step": 0, "pass_at_1": 0.1}\n')
+    assert closed(LearnerService(fresh, resume=True)).version == 0
+    assert read(tmp_path / "two" / "metrics.jsonl") == read(tmp_path / "two" / "heldout.jsonl") == []
+
+
 async def test_a_new_run_continues_another_runs_optimizer_with_its_own_rate_and_step(tiny_model_dir, tmp_path):
     """learner.init_from: a second phase starts from the first's checkpoint, weights and AdamW moments and
     update counts included, at its own step 0 and its own learning rate; model.path must be that weights' folder."""
@@ -334,14 +367,6 @@ async def test_a_new_run_continues_another_runs_optimizer_with_its_own_rate_and_
         job(tiny_model_dir, tmp_path / "two", **{"learner.init_from": str(ckpt)})
     two = job(str(ckpt / "model"), tmp_path / "two", steps=1, **{"learner.init_from": str(ckpt), "learner.lr": 1e-5,
                                                                    "learner.lr_base_samples": B * N})
-    def closed(svc: LearnerService) -> LearnerService:
-        """A service that will not run: its sockets closed now (a ZeroMQ context left to the garbage collector
-        blocks whichever later test collects it, in its term())."""
-        svc.sockets.close()
-        svc.metrics.close()
-        svc.ledger.close()
-        return svc
-
     svc = closed(LearnerService(two))
     state = svc.trainer.backend.optimizer_state()
     assert svc.version == 0 and svc.dispatcher.cursor == 0
