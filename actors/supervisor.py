@@ -11,27 +11,40 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 import time
+from multiprocessing import resource_tracker
 from typing import Any, Awaitable, Callable
+
+import psutil
 
 log = logging.getLogger("brorl.actor")
 # how long the engine core may tear down at the actor's end before it is killed (vLLM's own wait is 5 s, and every
-# job's end waited for it; the core has nothing to save, and its workers end with it)
+# job's end waited for it; the core has nothing to save, and `end_descendants` then ends what it leaves)
 STOP_GRACE_S = 1.0
 
 
-def end_descendants() -> None:
-    """SIGKILL what still runs under the actor's process at its end: an engine core's workers still in their
-    own teardown, a scoring worker still on a cancelled program. Not multiprocessing's resource tracker: once
-    the actor is gone it unlinks the shared memory that the killed processes leave behind."""
-    import psutil
-
+def end_descendants(timeout_s: float = 10.0) -> None:
+    """At the actor's end: SIGKILL what still runs under its process (an engine core's workers still in their
+    own teardown, a scoring worker on a cancelled program) and wait for it, so its device memory is free when
+    the actor is gone; then stop multiprocessing's resource tracker (spared by the kill), which unlinks the
+    shared memory the killed processes left behind before it exits. Bounded: a process that escaped the tree
+    and holds the tracker's pipe only delays the actor by `timeout_s`."""
+    tracker = resource_tracker._resource_tracker
+    killed = []
     for p in psutil.Process().children(recursive=True):
+        if p.pid == getattr(tracker, "_pid", None):
+            continue
         try:
-            if not any("resource_tracker" in part for part in p.cmdline()):
-                p.kill()
+            p.kill()
+            killed.append(p)
         except psutil.Error:
             pass
+    psutil.wait_procs(killed, timeout=timeout_s)
+    if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
+        t = threading.Thread(target=tracker._stop, daemon=True, name="resource-tracker-stop")
+        t.start()
+        t.join(timeout_s)
 
 
 class EngineBudgetExceeded(RuntimeError):

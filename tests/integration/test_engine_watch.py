@@ -30,3 +30,54 @@ def test_an_engine_process_orphaned_before_the_plugin_loaded_ends_and_one_with_a
         for p in (orphan, kept, live):
             p.kill()
             p.wait()
+
+
+# An actor's end, in a process of its own: a spawned child that made a shared-memory segment and never unlinks it
+# (an engine's message queue), with a grandchild of its own (an engine core's worker); then `end_descendants`.
+ACTOR_END = """
+import json, multiprocessing as mp, os, sys, time
+from multiprocessing import shared_memory
+from actors.supervisor import end_descendants
+
+def grandchild():
+    time.sleep(300)
+
+def child(q):
+    shm = shared_memory.SharedMemory(create=True, size=1 << 20)
+    g = mp.get_context("spawn").Process(target=grandchild)
+    g.start()
+    q.put([shm.name, g.pid])
+    time.sleep(300)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    c = ctx.Process(target=child, args=(q,))
+    c.start()
+    name, grand = q.get(timeout=60)
+    t0 = time.monotonic()
+    end_descendants()
+    print(json.dumps({"shm": name, "pids": [c.pid, grand], "end_s": time.monotonic() - t0}), flush=True)
+"""
+
+
+def test_an_actors_end_kills_what_runs_under_it_and_unlinks_the_shared_memory_it_left(tmp_path):
+    import json
+
+    import psutil
+
+    script = tmp_path / "actor_end.py"  # a file: spawned children import their target from it
+    script.write_text(ACTOR_END)
+    p = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    stdout, stderr = p.communicate(timeout=120)
+    try:  # as `brorl run` does once an actor has exited: its process group goes, the resource tracker with it
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    assert p.returncode == 0, stderr[-2000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
+    alive = [p for p in out["pids"] if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"left running under the ended actor: {alive}"
+    assert not os.path.exists(f"/dev/shm/{out['shm']}"), "the killed child's shared memory was left behind"
+    assert out["end_s"] < 10.0, out  # within its bound: nothing held the resource tracker's pipe
