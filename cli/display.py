@@ -25,7 +25,8 @@ def status_lines(rows: list[dict], steps: int, restarts: int, heldout: list[dict
     done = r["step"] / max(steps, 1)
     busy = avg("wait_s") + avg("train_s") + avg("broadcast_s") or 1.0
     eta = (steps - r["step"]) * busy
-    held = " ".join(f"{h['step']}:{100 * h['pass_at_1']:.0f}%" for h in heldout[-6:]) or "off (run.eval_interval)"
+    held = " ".join(f"{h['step']}:{100 * h['pass_at_1']:.0f}%" if "pass_at_1" in h else f"{h['step']}:error"
+                    for h in heldout[-6:]) or "off (run.eval_interval)"  # an estimate that could not be made
     if heldout and len(heldout[-1].get("by_source") or {}) > 1:
         held += "  (" + ", ".join(f"{s} {100 * p:.0f}%" for s, p in heldout[-1]["by_source"].items()) + ")"
     if heldout and heldout[-1].get("left_out"):

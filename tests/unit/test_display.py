@@ -30,10 +30,11 @@ def test_on_a_terminal_a_panel_with_a_progress_bar_is_redrawn():
     out = io.StringIO()
     d = Display(steps=4, out=out, live=True)
     d.update(rows(1), 0, [{"step": 0, "pass_at_1": 0.12}])
-    d.update(rows(2), 1, [{"step": 0, "pass_at_1": 0.12}])
+    d.update(rows(2), 1, [{"step": 0, "pass_at_1": 0.12}, {"step": 2, "version": 2, "error": "no verifier"}])
     d.close()
     text = out.getvalue()
     assert "brorl run" in text and "step    2/4" in text and "0:12%" in text and "process restarts 1" in text
+    assert "2:error" in text  # a held-out estimate that could not be made (its row has no pass@1)
     assert "━" in text  # rich's progress bar
     assert "\x1b[" in text  # drawn in place with terminal controls
 
