@@ -24,7 +24,7 @@ from actors.in_flight import InFlightPolicy, TokenVersions
 from actors.pipeline import GroupPipeline
 from actors.scoring import ScoringPool
 from actors.stats import ActorStats, EngineLoad
-from actors.supervisor import STOP_GRACE_S, EngineSupervisor, end_descendants
+from actors.supervisor import EngineSupervisor
 from actors.tasks import TaskSet, unless
 from actors.verifier_set import ActorRefused, ActorVerifiers
 from actors.weight_sync import WeightSync
@@ -34,6 +34,8 @@ from transport.weights import WeightReceiver
 from transport.zmq_transport import ActorSockets, Endpoints, Security
 
 log = logging.getLogger("brorl.actor")
+
+
 class Actor:
     def __init__(self, cfg: BrorlConfig, actor_id: str, endpoints: Endpoints):
         self.cfg, self.actor_id, self.endpoints = cfg, actor_id, endpoints
@@ -94,7 +96,7 @@ class Actor:
             self.tasks.cancel_all()
             self.pool.close()
             self.sockets.close()
-            self.supervisor.shutdown(grace_s=STOP_GRACE_S)  # the actor is ending: its engine holds nothing to keep
+            self.supervisor.end()  # the engine, then whatever still runs under this process
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """No new work; wait for in-flight groups to be generated, sent and acknowledged (not long if the
@@ -264,7 +266,4 @@ class Actor:
 
 def main(cfg: BrorlConfig, actor_id: str, endpoints: Endpoints) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        return asyncio.run(Actor(cfg, actor_id, endpoints).run())
-    finally:
-        end_descendants()
+    return asyncio.run(Actor(cfg, actor_id, endpoints).run())

@@ -109,6 +109,12 @@ class EngineSupervisor:
         log.info("vLLM engine restarted in %.1f s", time.monotonic() - t0)
         return self.engine
 
+    def end(self) -> None:
+        """The actor's end: the engine gets `STOP_GRACE_S` to tear down (it has nothing to save), then
+        `end_descendants`."""
+        self.shutdown(grace_s=STOP_GRACE_S)
+        end_descendants()
+
     def shutdown(self, grace_s: float | None = None) -> None:
         """End the engine. `grace_s`: how long its core may tear down before it is killed (None: vLLM's own
         wait, 5 s; a restart in place uses it, so the new engine finds the device memory free)."""
