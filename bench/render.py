@@ -403,17 +403,20 @@ def _one_gpu(runs: list[dict]) -> Table:
     for d in runs:
         raw = {int(r["n"]): r["samples_per_s"] for r in d["raw"]}
         for r in sorted(d["runs"], key=lambda r: r.get("share_gpu", "") != "corun"):
-            bound = r.get("timeshare_bound_samples_per_s")
+            # a co-run's own train time is no standalone learner: without a time-shared run the bound is unknown
+            alone = r.get("learner_alone_from") != "this run" or r.get("share_gpu") == "timeshare"
+            bound = r.get("timeshare_bound_samples_per_s") if alone else None
             loads = [p["actor_update_s"] for p in r.get("per_step", []) if p["step"] > WARM]  # the steady steps
             rows.append([str(r["n"]), r.get("share_gpu", "corun"), n(raw[int(r["n"])], 1), n(r["samples_per_s"], 1),
-                         pct(r["of_raw"]), f"{r['samples_per_s'] / bound:.2f} ×" if bound else "–",
+                         pct(r["of_raw"]), pct(r["tokens_of_raw"]) if r.get("tokens_of_raw") is not None else "–",
+                         f"{r['samples_per_s'] / bound:.2f} ×" if bound else "–",
                          f"{r['train_s_per_step']:.1f}", pct(r["learner_mfu"]), f"{r['broadcast_s_per_step']:.2f}",
                          f"{sum(loads) / len(loads):.2f}" if loads else "–",
                          pct(r["actor_idle_share"]), pct(r["learner_wait_share"]), f"{r['mismatch_kl']:.1e}",
                          f"{r['peak_gpu_gib']:.1f}" if r.get("peak_gpu_gib") else "–"])
-    return (["N", "sharing", "raw engine samples/s", "loop samples/s", "of raw", "of time-share bound",
-             "train s a step", "learner MFU", "broadcast s a step", "actor update s a step", "engine idle",
-             "learner waiting", "mismatch KL", "card peak GiB"], "llrrrrrrrrrrrr", rows)
+    return (["N", "sharing", "raw engine samples/s", "loop samples/s", "of raw", "of raw tokens/s",
+             "of time-share bound", "train s a step", "learner MFU", "broadcast s a step", "actor update s a step",
+             "engine idle", "learner waiting", "mismatch KL", "card peak GiB"], "llrrrrrrrrrrrrr", rows)
 
 
 def _weight_update(d: dict) -> Table:
@@ -487,6 +490,7 @@ TABLES: dict[str, tuple[str | tuple[str, ...], Callable]] = {
                              lambda runs: _one_gpu([{**d, "runs": [r for r in d["runs"] if r.get("share_gpu") == "corun"]}
                                                     for d in runs])),
     "one-gpu-h200-lora8b": (("e2e_h200lora8b.json",), _one_gpu),
+    "one-gpu-h200-packed": (("e2e_h200co_16.json", "e2e_h200pack_512.json"), _one_gpu),
     "weight-update-ipc-h200": ("weight_update_ipc_h200.json", _weight_update),
 }
 """Rendered table name -> (results file under bench/results, the function that renders it)."""

@@ -84,22 +84,23 @@ print(max(rate, key=rate.get))" || echo corun)
        tests/gpu/test_presets_gpu.py tests/gpu/test_user_data_gpu.py tests/gpu/test_placement_gpu.py
   peer_pair 512 1 3 200 300 --brorl-set "actor.share_gpu=$mode"
 elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = loop ]; then
-  # one GPU, the packed loop (`--one-gpu`'s learner) first, as a lease may end before the last step: co-running at
-  # N = 16 and 512, each with its raw engine phase; every gpu test; then time-sharing against the same raw rows
-  # (its file holds both runs and the bound)
-  for N in 16 512; do
-    (while sleep 30; do runs "co$N"; done) &
-    snap=$!
-    LIMIT=480 step "co_$N" python3 -m bench.e2e --shape qwen2-1.5b --cases "1:$N:keep:corun" --steps 5 --raw-steps 2 \
-         --share-gpu --tag "${TAG}co_$N"
-    kill $snap; runs "co$N"; keep_bench "e2e_${TAG}co_$N*"; rm -rf runs/bench/e2e/run-*
-  done
+  # one GPU, the packed loop (`--one-gpu`'s learner), what the lease of 2026-12-03 left, most wanted first: the
+  # time-shared N = 16 run against that lease's raw rows (the bound, e2e_h200co_16.json); N = 512 at four prompts
+  # a step (one prompt a step ties each step's generation and training to that prompt's length) co-running with its
+  # raw phase, then time-shared (its file holds both and the bound; read from $R: each device call syncs the tree,
+  # which removes what a step wrote under bench/results); every gpu test
+  LIMIT=420 step ts_16 python3 -m bench.e2e --shape qwen2-1.5b --cases 1:16:keep:timeshare --steps 5 --share-gpu \
+       --raw-from "bench/results/e2e_${TAG}co_16.json" --tag "${TAG}pack_16"
+  runs ts16; keep_bench "e2e_${TAG}pack_16*"; rm -rf runs/bench/e2e/run-*
+  (while sleep 30; do runs co2048; done) &
+  snap=$!
+  LIMIT=540 step co_512x4 python3 -m bench.e2e --shape qwen2-1.5b --cases 1:512:keep:corun --samples-per-step 2048 \
+       --steps 6 --raw-steps 2 --share-gpu --tag "${TAG}co_512x4"
+  kill $snap; runs co2048; keep_bench "e2e_${TAG}co_512x4*"; rm -rf runs/bench/e2e/run-*
+  LIMIT=480 step ts_512x4 python3 -m bench.e2e --shape qwen2-1.5b --cases 1:512:keep:timeshare --samples-per-step \
+       2048 --steps 6 --share-gpu --raw-from "$R/bench/e2e_${TAG}co_512x4.json" --tag "${TAG}pack_512x4"
+  runs ts2048; keep_bench "e2e_${TAG}pack_512x4*"; rm -rf runs/bench/e2e/run-*
   LIMIT=900 step gpu $PT tests/gpu
-  for N in 16 512; do
-    LIMIT=420 step "ts_$N" python3 -m bench.e2e --shape qwen2-1.5b --cases "1:$N:keep:timeshare" --steps 5 \
-         --share-gpu --raw-from "bench/results/e2e_${TAG}co_$N.json" --tag "${TAG}pack_$N"
-    runs "ts$N"; keep_bench "e2e_${TAG}pack_$N*"; rm -rf runs/bench/e2e/run-*
-  done
 elif [ "$GPUS" = 1 ] && [ "${ONE:-}" = rest ]; then
   # one GPU, what earlier leases left unmeasured, most wanted first: one weight update over CUDA IPC into an engine
   # on the learner's GPU, copied in place against vLLM's layerwise reload (the worker's split of each); realistic

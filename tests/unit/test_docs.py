@@ -73,3 +73,18 @@ def test_a_figure_typed_over_a_rendered_table_is_caught_and_an_unknown_table_nam
     assert render_page(edited, "transport.md") == page != edited
     with pytest.raises(SystemExit, match="nosuch"):
         render_page("<!-- rendered: nosuch -->\n| a |\n<!-- /rendered -->", "x.md")
+
+
+def test_a_one_gpu_row_shows_the_time_sharing_bound_only_where_the_learner_was_timed_alone():
+    """A co-run's own train time is slower than the learner alone, so a bound made of it would flatter the loop."""
+    import json
+
+    from bench.render import RESULTS, _one_gpu
+
+    both = json.loads((RESULTS / "e2e_h200pack_512.json").read_text())  # a time-shared run beside the co-run
+    co_only = json.loads((RESULTS / "e2e_h200co_16.json").read_text())
+    header, _, rows = _one_gpu([co_only, both])
+    col = header.index("of time-share bound")
+    by = {(r[0], r[1]): r[col] for r in rows}
+    assert by[("16", "corun")] == "–"
+    assert by[("512", "corun")] == "0.85 ×" and by[("512", "timeshare")] == "0.72 ×"
