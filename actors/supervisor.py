@@ -30,21 +30,61 @@ def end_descendants(timeout_s: float = 10.0) -> None:
     the actor is gone; then stop multiprocessing's resource tracker (spared by the kill), which unlinks the
     shared memory the killed processes left behind before it exits. Bounded: a process that escaped the tree
     and holds the tracker's pipe only delays the actor by `timeout_s`."""
-    tracker = resource_tracker._resource_tracker
-    killed = []
-    for p in psutil.Process().children(recursive=True):
-        if p.pid == getattr(tracker, "_pid", None):
-            continue
-        try:
-            p.kill()
-            killed.append(p)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(killed, timeout=timeout_s)
-    if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
-        t = threading.Thread(target=tracker._stop, daemon=True, name="resource-tracker-stop")
-        t.start()
-        t.join(timeout_s)
+    def stop_own_tracker() -> None:  # the actor holds its pipe: the tracker ends only when told to
+        tracker = resource_tracker._resource_tracker
+        if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
+            t = threading.Thread(target=tracker._stop, daemon=True, name="resource-tracker-stop")
+            t.start()
+            t.join(timeout_s)
+
+    end_processes(psutil.Process().children(recursive=True), timeout_s, stop_own_tracker)
+
+
+def end_processes(procs: list[psutil.Process], timeout_s: float, then: Callable[[], None] | None = None) -> None:
+    """SIGKILL `procs`, multiprocessing's resource trackers among them last: a tracker unlinks the shared memory
+    its processes registered (vLLM's message queues) once they are gone, so killing it with them would leave
+    those segments in /dev/shm for good. `then` runs between the two; a tracker still there after `timeout_s`
+    is killed. A zombie counts as gone (whoever reaps it)."""
+    trackers = [p for p in procs if _is_tracker(p)]
+    rest = [p for p in procs if p not in trackers]
+    for p in rest:
+        _kill(p)
+    _wait_gone(rest, timeout_s)
+    if then is not None:
+        then()
+    for p in _wait_gone(trackers, timeout_s):  # each exits once its pipe's last writer is gone
+        _kill(p)
+
+
+def _is_tracker(p: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _kill(p: psutil.Process) -> None:
+    try:
+        p.kill()
+    except psutil.Error:
+        pass
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until none of `procs` runs (zombies count as gone) or `timeout_s` passed; returns those left."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [p for p in procs if _running(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.02)
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class EngineBudgetExceeded(RuntimeError):

@@ -9,6 +9,10 @@ import os
 import signal
 import sys
 
+import psutil
+
+from actors.supervisor import end_processes
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -26,8 +30,18 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def kill_group(pgid: int) -> None:
-    try:
+def kill_group(pgid: int, timeout_s: float = 3.0) -> None:
+    """SIGKILL a process group, multiprocessing's resource trackers last (`end_processes`: else the shared memory
+    of a dead actor's engine stays in /dev/shm for good, one set per restart); bounded by twice `timeout_s`."""
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                members.append(p)
+        except OSError:  # gone meanwhile
+            pass
+    end_processes(members, timeout_s)
+    try:  # whatever was forked meanwhile
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass

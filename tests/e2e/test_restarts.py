@@ -41,6 +41,7 @@ def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_mod
     try:
         wait_for(lambda: steps_done(tmp_path) >= 3, 600, "no step 3")  # engines start slowly on a loaded host
         actor = role("actor")
+        shm = mapped_shm([actor, *actor.children(recursive=True)])  # its engine's message queues, among others
         actor.send_signal(signal.SIGKILL)
         actor.wait(30)
         killed = steps_done(tmp_path)
@@ -49,6 +50,8 @@ def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_mod
         incarnations = lambda: {r["incarnation"] for r in granted_to(tmp_path, "actor-0")}  # noqa: E731
         wait_for(lambda: len(incarnations()) > 1 and steps_done(tmp_path) >= killed + 1
                  and int(ckpt.read_text().split("-")[1]) > killed, 600, "the replacement actor never trained")
+        # the launcher killed the dead actor's group with its resource tracker last, which unlinked these
+        assert shm and not [n for n in shm if Path("/dev/shm", n).exists()], shm
         learner = role("learner")
         learner.send_signal(signal.SIGKILL)
         learner.wait(30)
@@ -70,6 +73,18 @@ def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_mod
     assert restarted, "the dead incarnation's prompts never went back to the queue"
     rows = read(tmp_path / "metrics.jsonl")
     assert rows[-1]["step"] == 10 and rows[-1]["version"] == 10
+
+
+def mapped_shm(procs) -> set[str]:
+    """The segments of multiprocessing's SharedMemory (/dev/shm/psm_*) that any of `procs` maps."""
+    names = set()
+    for p in procs:
+        try:
+            maps = Path(f"/proc/{p.pid}/maps").read_text()
+        except OSError:
+            continue
+        names |= {line.split("/dev/shm/", 1)[1].split()[0] for line in maps.splitlines() if "/dev/shm/psm_" in line}
+    return names
 
 
 def start_brorl_run(model_dir: str, tmp_path: Path) -> subprocess.Popen:

@@ -81,3 +81,61 @@ def test_an_actors_end_kills_what_runs_under_it_and_unlinks_the_shared_memory_it
     assert alive == [], f"left running under the ended actor: {alive}"
     assert not os.path.exists(f"/dev/shm/{out['shm']}"), "the killed child's shared memory was left behind"
     assert out["end_s"] < 10.0, out  # within its bound: nothing held the resource tracker's pipe
+
+
+# An actor that dies without its own end (SIGKILL, the OOM killer): the same tree, the main process then sleeps
+DYING_ACTOR = ACTOR_END.replace("""    t0 = time.monotonic()
+    end_descendants()
+    print(json.dumps({"shm": name, "pids": [c.pid, grand], "end_s": time.monotonic() - t0}), flush=True)""",
+                                """    print(json.dumps({"shm": name, "pids": [c.pid, grand]}), flush=True)
+    time.sleep(300)""")
+
+
+def test_a_dead_actors_group_is_killed_and_the_shared_memory_its_engine_left_is_unlinked(tmp_path):
+    """`brorl run` kills a dead actor's process group (its engine still runs): multiprocessing's resource tracker,
+    which unlinks the segments the killed processes registered, must outlive them, or /dev/shm fills over restarts."""
+    import json
+
+    import psutil
+
+    from cli.procs import kill_group
+
+    assert DYING_ACTOR != ACTOR_END
+    script = tmp_path / "dying_actor.py"
+    script.write_text(DYING_ACTOR)
+    p = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out = json.loads(p.stdout.readline())
+        assert os.path.exists(f"/dev/shm/{out['shm']}")
+        group = [q for q in psutil.process_iter() if _pgid(q.pid) == p.pid]
+        assert any("resource_tracker" in " ".join(_cmdline(q)) for q in group), [_cmdline(q) for q in group]
+        p.kill()  # the actor dies; its engine and the tracker live on in its group
+        p.wait()
+        t0 = time.monotonic()
+        kill_group(p.pid)
+        took = time.monotonic() - t0
+        left = [q.pid for q in group if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+        assert left == [], f"left running in the dead actor's group: {left}"
+        assert not os.path.exists(f"/dev/shm/{out['shm']}"), "the dead actor's engine's shared memory was left behind"
+        assert took < 10.0
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _cmdline(q) -> list[str]:
+    try:
+        return q.cmdline()
+    except Exception:
+        return []
