@@ -92,11 +92,8 @@ class Actor:
                 raise self.tasks.error
             await self._drain()
             return 0
-        finally:
-            self.tasks.cancel_all()
-            self.pool.close()
-            self.sockets.close()
-            self.supervisor.end()  # the engine, then whatever still runs under this process
+        finally:  # tasks, scoring workers and sockets; then the engine and whatever still runs under this process
+            self.supervisor.end(first=(self.tasks.cancel_all, self.pool.close, self.sockets.close))
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """No new work; wait for in-flight groups to be generated, sent and acknowledged (not long if the

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import threading
 import time
-from multiprocessing import resource_tracker
 from typing import Any, Awaitable, Callable
 
 import psutil
@@ -24,35 +22,34 @@ log = logging.getLogger("brorl.actor")
 STOP_GRACE_S = 1.0
 
 
-def end_descendants(timeout_s: float = 10.0) -> None:
+def end_descendants(timeout_s: float = 10.0, also: list[psutil.Process] = ()) -> None:
     """At the actor's end: SIGKILL what still runs under its process (an engine core's workers still in their
-    own teardown, a scoring worker on a cancelled program) and wait for it, so its device memory is free when
-    the actor is gone; then stop multiprocessing's resource tracker (spared by the kill), which unlinks the
-    shared memory the killed processes left behind before it exits. Bounded: a process that escaped the tree
-    and holds the tracker's pipe only delays the actor by `timeout_s`."""
-    def stop_own_tracker() -> None:  # the actor holds its pipe: the tracker ends only when told to
-        tracker = resource_tracker._resource_tracker
-        if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
-            t = threading.Thread(target=tracker._stop, daemon=True, name="resource-tracker-stop")
-            t.start()
-            t.join(timeout_s)
-
-    end_processes(psutil.Process().children(recursive=True), timeout_s, stop_own_tracker)
+    own teardown, a scoring worker on a cancelled program) and `also` (seen under it before: the workers of an
+    engine core killed meanwhile are re-parented away), and wait for it, so its device memory is free when the
+    actor is gone. Multiprocessing's resource tracker is left alone (its lock too, which an exiting interpreter
+    needs): it unlinks the shared memory the killed processes registered once the actor, its pipe's last writer,
+    has exited, and the launcher's `kill_group` waits for it. Bounded by `timeout_s`."""
+    procs = {p.pid: p for p in [*also, *psutil.Process().children(recursive=True)]}
+    end_processes(list(procs.values()), timeout_s)
 
 
-def end_processes(procs: list[psutil.Process], timeout_s: float, then: Callable[[], None] | None = None) -> None:
-    """SIGKILL `procs`, multiprocessing's resource trackers among them last: a tracker unlinks the shared memory
-    its processes registered (vLLM's message queues) once they are gone, so killing it with them would leave
-    those segments in /dev/shm for good. `then` runs between the two; a tracker still there after `timeout_s`
-    is killed. A zombie counts as gone (whoever reaps it)."""
+def end_processes(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """SIGKILL `procs` but multiprocessing's resource trackers among them, and wait for them (a zombie counts as
+    gone, whoever reaps it); returns the trackers, spared: a tracker unlinks the shared memory its processes
+    registered (vLLM's message queues) once its pipe's last writer is gone, so killing it with them would leave
+    those segments in /dev/shm for good."""
     trackers = [p for p in procs if _is_tracker(p)]
     rest = [p for p in procs if p not in trackers]
     for p in rest:
         _kill(p)
     _wait_gone(rest, timeout_s)
-    if then is not None:
-        then()
-    for p in _wait_gone(trackers, timeout_s):  # each exits once its pipe's last writer is gone
+    return trackers
+
+
+def end_trackers(trackers: list[psutil.Process], timeout_s: float) -> None:
+    """After `end_processes`: wait for its spared trackers to unlink and exit; SIGKILL those left after `timeout_s`
+    (a process outside what was killed still holds a pipe)."""
+    for p in _wait_gone(trackers, timeout_s):
         _kill(p)
 
 
@@ -149,11 +146,18 @@ class EngineSupervisor:
         log.info("vLLM engine restarted in %.1f s", time.monotonic() - t0)
         return self.engine
 
-    def end(self) -> None:
-        """The actor's end: the engine gets `STOP_GRACE_S` to tear down (it has nothing to save), then
-        `end_descendants`."""
+    def end(self, first: tuple[Callable[[], Any], ...] = ()) -> None:
+        """The actor's end: `first` in turn (one that fails is logged, and the end goes on), then the engine
+        gets `STOP_GRACE_S` to tear down (it has nothing to save), then `end_descendants`, also of what ran
+        under the actor before the teardown."""
+        for f in first:
+            try:
+                f()
+            except Exception:
+                log.exception("the actor's end: %s failed", getattr(f, "__qualname__", f))
+        under = psutil.Process().children(recursive=True)
         self.shutdown(grace_s=STOP_GRACE_S)
-        end_descendants()
+        end_descendants(also=under)
 
     def shutdown(self, grace_s: float | None = None) -> None:
         """End the engine. `grace_s`: how long its core may tear down before it is killed (None: vLLM's own

@@ -120,12 +120,16 @@ def brorl_run(run_dir: Path, overrides: dict, preset: str = "tiny-cpu", timeout:
 
 
 def load_run(run_dir: Path) -> dict:
-    """A finished run folder's metrics rows, held-out rows and summary."""
+    """A finished run folder's metrics rows, held-out rows and summary. A held-out estimate that failed (an
+    `error` row: the run trained on without it) leaves a hole in the curve a benchmark compares: refused."""
     from learner import metrics as metrics_mod
 
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    return {"metrics": metrics_mod.read(run_dir / "metrics.jsonl"),
-            "heldout": metrics_mod.read(run_dir / "heldout.jsonl"), "summary": summary}
+    heldout = metrics_mod.read(run_dir / "heldout.jsonl")
+    if failed := [h for h in heldout if "error" in h]:
+        raise SystemExit(f"{run_dir}: the held-out estimate failed at step(s) {[h['step'] for h in failed]} "
+                         f"({failed[0]['error']}); the learner's log says why")
+    return {"metrics": metrics_mod.read(run_dir / "metrics.jsonl"), "heldout": heldout, "summary": summary}
 
 
 class GpuMemory:

@@ -23,7 +23,8 @@ model yields kept groups); completion budgets log-normal (`actor.length_dist`), 
 - a case's 4th field, `actor.share_gpu`: "corun" (the engine generates while the learner trains) or "timeshare"
   (it pauses meanwhile). Each run's `timeshare_bound_samples_per_s` is what taking turns could reach at best:
   a step's samples over (their raw generation time + the learner's standalone train seconds a step), the
-  latter from a "timeshare" run at the same N (its learner trains with the engine paused) when there is one.
+  latter from a "timeshare" run at the same N (its learner trains with the engine paused); without one, none
+  (a co-run's own train seconds are slowed by the engine beside it, and would flatter the loop).
   `--raw-from`: the raw engine rows (and runs, for that bound) of an earlier result, instead of a raw phase.
 - `--p3`: N = 512 (1 prompt per step) against N = 16 (32 prompts), the same samples per step and the same
   long-tailed budgets, with `actor.in_flight_on_update` "keep" and "finish"; 1 learner + 1 actor each (two
@@ -334,14 +335,14 @@ def parse_cases(text: str, error) -> list[tuple[int, int, str, str]]:
 def timeshare_bound(runs: list[dict], raws: dict) -> None:
     """Each run's best time-shared rate: a step's samples (generated, kept or not) over their raw generation
     seconds plus the learner's standalone seconds a step (a "timeshare" run's train_s at the same N, whose
-    engine was paused meanwhile; else the run's own)."""
+    engine was paused meanwhile; None without one)."""
     for r in runs:
         alone = [t["train_s_per_step"] for t in runs if t["n"] == r["n"] and t.get("share_gpu") == "timeshare"]
-        r["learner_alone_s_per_step"] = alone[-1] if alone else r["train_s_per_step"]
-        r["learner_alone_from"] = "timeshare run" if alone else "this run"
+        r["learner_alone_s_per_step"] = alone[-1] if alone else None
+        r["learner_alone_from"] = "timeshare run" if alone else None
         samples = r.get("generated_per_step") or r["prompts_per_step"] * r["n"]  # as samples_per_s counts them
-        r["timeshare_bound_samples_per_s"] = samples / (samples / raws[r["n"]]["samples_per_s"]
-                                                        + r["learner_alone_s_per_step"])
+        r["timeshare_bound_samples_per_s"] = None if not alone else samples / (
+            samples / raws[r["n"]]["samples_per_s"] + r["learner_alone_s_per_step"])
 
 
 def of_raw_tokens(r: dict, raw_row: dict) -> None:

@@ -403,8 +403,8 @@ def _one_gpu(runs: list[dict]) -> Table:
     for d in runs:
         raw = {int(r["n"]): r["samples_per_s"] for r in d["raw"]}
         for r in sorted(d["runs"], key=lambda r: r.get("share_gpu", "") != "corun"):
-            # a co-run's own train time is no standalone learner: without a time-shared run the bound is unknown
-            alone = r.get("learner_alone_from") != "this run" or r.get("share_gpu") == "timeshare"
+            # results before bench.e2e left it out: a co-run's own train time is no standalone learner
+            alone = r.get("learner_alone_from") != "this run"
             bound = r.get("timeshare_bound_samples_per_s") if alone else None
             loads = [p["actor_update_s"] for p in r.get("per_step", []) if p["step"] > WARM]  # the steady steps
             rows.append([str(r["n"]), r.get("share_gpu", "corun"), n(raw[int(r["n"])], 1), n(r["samples_per_s"], 1),

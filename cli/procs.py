@@ -11,7 +11,7 @@ import sys
 
 import psutil
 
-from actors.supervisor import end_processes
+from actors.supervisor import end_processes, end_trackers
 
 PR_SET_PDEATHSIG = 1
 
@@ -40,8 +40,8 @@ def kill_group(pgid: int, timeout_s: float = 3.0) -> None:
                 members.append(p)
         except OSError:  # gone meanwhile
             pass
-    end_processes(members, timeout_s)
-    try:  # whatever was forked meanwhile
+    end_trackers(end_processes(members, timeout_s), timeout_s)
+    try:  # the trackers left, and whatever was forked meanwhile
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass

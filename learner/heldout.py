@@ -52,15 +52,19 @@ class HeldoutEstimate:
         t0 = time.monotonic()
         try:
             res = await asyncio.to_thread(run)
-        except EvaluationError as e:  # a verifier that cannot score: no estimate is better than a false one
+        except Exception as e:  # a verifier that cannot score (no estimate is better than a false one), or the
+            # estimate itself failed (out of memory beside the engine): the step goes on to its checkpoint, else a
+            # resumed learner would retrain up to the same estimate and fail there again, restart after restart
             from transport import events
 
-            log.error("held-out estimate at step %d cannot be made: %s", version, e)
+            why = str(e) if isinstance(e, EvaluationError) else f"{type(e).__name__}: {e}"
+            log.error("held-out estimate at step %d cannot be made: %s", version, why,
+                      exc_info=not isinstance(e, EvaluationError))
             events.emit("error", f"held-out estimate at step {version} cannot be made (training goes on "
-                                 f"without it): {e}", fix="see the learner's log; `brorl eval` on a checkpoint "
-                                                          "scores the same prompts")
+                                 f"without it): {why}", fix="see the learner's log; `brorl eval` on a checkpoint "
+                                                            "scores the same prompts")
             with open_append(Path(self.cfg.run.run_dir) / "heldout.jsonl") as f:
-                f.write(json.dumps({"step": version, "version": version, "error": str(e)}) + "\n")
+                f.write(json.dumps({"step": version, "version": version, "error": why}) + "\n")
             return {}
         p, wall = res["pass_at_1"], 0.0 if self.t_first is None else t0 - self.t_first - self.eval_s
         k = res["k"]

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import time
 from pathlib import Path
+
+log = logging.getLogger("brorl.learner")
 
 
 class MetricsWriter:
@@ -62,6 +65,11 @@ class MetricsWriter:
             self.wandb.log({k: v for k, v in row.items() if v is not None}, step=step)
         return row
 
+    def sync(self) -> None:
+        """The rows so far on the disk (before a checkpoint: a step it holds keeps its row after a host crash)."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
     def close(self) -> None:
         self._f.close()
         if self.tb is not None:
@@ -83,28 +91,48 @@ def open_append(path: str | Path):
 
 
 def cut_after(path: str | Path, step: int) -> int:
-    """Drop the rows of steps after `step` and any line `read` skips (a torn or bad last line), by an fsynced
-    rewrite under a temporary name; the number of rows dropped."""
+    """Drop the rows of steps after `step` and every line that is not a whole row (a torn last line; anywhere
+    after a host crash, blocks of an unsynced file can read back as NULs: dropped with a warning, not a learner
+    that cannot start), by an fsynced rewrite under a temporary name; the number of lines dropped."""
     p = Path(path)
     if not p.exists():
         return 0
-    rows = read(p)
-    keep = [r for r in rows if r["step"] <= step]
-    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
-    if len(keep) == len(lines) and p.read_bytes().endswith(b"\n"):
+    data = p.read_bytes()
+    lines = [ln for ln in data.decode("utf-8", errors="replace").splitlines() if ln.strip()]
+    keep, bad = [], 0
+    for ln in lines:
+        try:
+            r = json.loads(ln)
+        except json.JSONDecodeError:
+            r = None
+        if not (isinstance(r, dict) and isinstance(r.get("step"), int)):
+            bad += 1
+        elif r["step"] <= step:
+            keep.append(r)
+    if len(keep) == len(lines) and data.endswith(b"\n"):
         return 0
+    if bad:
+        log.warning("%s: %d line(s) that are not whole rows dropped (a crash mid-write)", p, bad)
     tmp = p.with_name(p.name + ".tmp")
     with open(tmp, "w") as f:
         f.write("".join(json.dumps(r) + "\n" for r in keep))
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(p)
-    fd = os.open(p.parent, os.O_RDONLY)
+    fsync_path(p.parent)  # the rename too
+    return len(lines) - len(keep)
+
+
+def fsync_path(path: str | Path) -> None:
+    """What was written to `path` (by this process or another) reaches the disk; nothing if it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    return len(rows) - len(keep)
 
 
 def read(path: str | Path) -> list[dict]:

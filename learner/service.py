@@ -29,7 +29,7 @@ from learner.heldout import HeldoutEstimate
 from learner.intake import Intake
 from learner.lora import save_adapters
 from learner.checkpoint import Checkpointer, rng_state, set_rng_state
-from learner.metrics import ACTOR_COUNTERS, MetricsWriter, cut_after, open_append
+from learner.metrics import ACTOR_COUNTERS, MetricsWriter, cut_after, fsync_path, open_append
 from learner.ranks import Ranks, build_trainer, follow, join_ranks
 from learner.report import StepReport
 from learner.planning import TrainGroup
@@ -253,6 +253,8 @@ class LearnerService:
         lrn = self.cfg.learner
         if not (force or self.version % lrn.checkpoint_interval == 0 or self.version == lrn.steps):
             return
+        self.metrics.sync()  # the rows of the steps it holds first: it is never trained again
+        fsync_path(Path(self.cfg.run.run_dir) / "heldout.jsonl")
         if force or self.version == lrn.steps:
             await asyncio.to_thread(self.save_checkpoint, self.state_dict())
             return

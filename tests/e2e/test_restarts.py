@@ -73,6 +73,8 @@ def test_sigkill_of_the_only_actor_then_of_the_learner_the_job_finishes(warm_mod
     assert restarted, "the dead incarnation's prompts never went back to the queue"
     rows = read(tmp_path / "metrics.jsonl")
     assert rows[-1]["step"] == 10 and rows[-1]["version"] == 10
+    # one row a step: the restarted learner cut the rows of the steps it trained again
+    assert [r["step"] for r in rows] == list(range(1, 11)), [r["step"] for r in rows]
 
 
 def mapped_shm(procs) -> set[str]:

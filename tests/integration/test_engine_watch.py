@@ -32,12 +32,15 @@ def test_an_engine_process_orphaned_before_the_plugin_loaded_ends_and_one_with_a
             p.wait()
 
 
-# An actor's end, in a process of its own: a spawned child that made a shared-memory segment and never unlinks it
-# (an engine's message queue), with a grandchild of its own (an engine core's worker); then `end_descendants`.
+# An actor's end, in a process of its own: a spawned child (an engine core) that made a shared-memory segment and
+# never unlinks it (an engine's message queue), with a grandchild of its own (the core's worker); then
+# `EngineSupervisor.end`, whose engine teardown kills the child (vLLM's, after its grace), so the grandchild is
+# re-parented away before `end_descendants` looks; one of the closes before it fails.
 ACTOR_END = """
-import json, multiprocessing as mp, os, sys, time
+import json, multiprocessing as mp, os, signal, sys, time
 from multiprocessing import shared_memory
-from actors.supervisor import end_descendants
+import psutil
+from actors.supervisor import EngineSupervisor
 
 def grandchild():
     time.sleep(300)
@@ -49,46 +52,58 @@ def child(q):
     q.put([shm.name, g.pid])
     time.sleep(300)
 
+class Engine:
+    def shutdown(self):
+        os.kill(c.pid, signal.SIGKILL)
+        c.join()
+
+def broken_close():
+    raise OSError("socket already closed")
+
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     c = ctx.Process(target=child, args=(q,))
     c.start()
     name, grand = q.get(timeout=60)
+    sup = EngineSupervisor(lambda: None, 0)
+    sup.engine = Engine()
     t0 = time.monotonic()
-    end_descendants()
-    print(json.dumps({"shm": name, "pids": [c.pid, grand], "end_s": time.monotonic() - t0}), flush=True)
+    sup.end(first=(broken_close,))
+    end_s = time.monotonic() - t0
+    left = [p for p in (c.pid, grand) if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    print(json.dumps({"shm": name, "pids": [c.pid, grand], "left": left, "end_s": end_s}), flush=True)
 """
 
 
 def test_an_actors_end_kills_what_runs_under_it_and_unlinks_the_shared_memory_it_left(tmp_path):
+    """What ran under the actor is gone when its end returns, also the worker of an engine core that its teardown
+    killed; the segment the killed core left is unlinked by the resource tracker once the actor has exited (the
+    end spares it), before `brorl run`'s kill of the group is over."""
     import json
 
-    import psutil
+    from cli.procs import kill_group
 
     script = tmp_path / "actor_end.py"  # a file: spawned children import their target from it
     script.write_text(ACTOR_END)
     p = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    stdout, stderr = p.communicate(timeout=120)
-    try:  # as `brorl run` does once an actor has exited: its process group goes, the resource tracker with it
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    try:
+        stdout, stderr = p.communicate(timeout=120)
+    finally:
+        kill_group(p.pid)  # as `brorl run` does once an actor has exited
     assert p.returncode == 0, stderr[-2000:]
     out = json.loads(stdout.strip().splitlines()[-1])
-    alive = [p for p in out["pids"] if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert alive == [], f"left running under the ended actor: {alive}"
+    assert out["left"] == [], f"left running under the ended actor: {out}"
+    assert "the actor's end: broken_close failed" in stderr and "socket already closed" in stderr, stderr[-2000:]
     assert not os.path.exists(f"/dev/shm/{out['shm']}"), "the killed child's shared memory was left behind"
-    assert out["end_s"] < 10.0, out  # within its bound: nothing held the resource tracker's pipe
+    assert out["end_s"] < 10.0, out
 
 
 # An actor that dies without its own end (SIGKILL, the OOM killer): the same tree, the main process then sleeps
-DYING_ACTOR = ACTOR_END.replace("""    t0 = time.monotonic()
-    end_descendants()
-    print(json.dumps({"shm": name, "pids": [c.pid, grand], "end_s": time.monotonic() - t0}), flush=True)""",
-                                """    print(json.dumps({"shm": name, "pids": [c.pid, grand]}), flush=True)
-    time.sleep(300)""")
+DYING_ACTOR = ACTOR_END[:ACTOR_END.index("    sup = EngineSupervisor")] + """    print(json.dumps({"shm": name, "pids": [c.pid, grand]}), flush=True)
+    time.sleep(300)
+"""
 
 
 def test_a_dead_actors_group_is_killed_and_the_shared_memory_its_engine_left_is_unlinked(tmp_path):

@@ -244,6 +244,7 @@ async def test_nothing_survives_a_sigkilled_scoring_worker(tmp_path, monkeypatch
         while len(mine(programs_only=True) - running) < 2 and time.monotonic() < deadline and not task.done():
             await asyncio.sleep(0.1)
         assert len(ours - running) >= 2, f"no retry ran: {task.exception() or task.result() if task.done() else ''}"
+        mine()  # and the bubblewrap processes that hold the retry's
     finally:
         task.cancel()
         pool.close()

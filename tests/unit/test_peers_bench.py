@@ -56,3 +56,36 @@ def test_the_card_memory_sampler_keeps_the_fullest_cards_peak(tmp_path, monkeypa
     used.write_text("2048\n1024\n")
     mem.sample()
     assert mem.peak_gib == 3.0
+
+
+def test_a_benchmark_refuses_a_run_whose_held_out_curve_has_a_hole(tmp_path):
+    """`bench.common.load_run`: an estimate that failed is an `error` row (the run trained on without it); the
+    benchmarks built on the curve (staleness, BroRL against ProRL, saturation) say so instead of a KeyError."""
+    import json
+
+    import pytest
+
+    from bench.common import load_run
+
+    rows = [{"step": 0, "pass_at_1": 0.2}, {"step": 2, "version": 2, "error": "RuntimeError: CUDA out of memory"}]
+    (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit, match=r"failed at step\(s\) \[2\] \(RuntimeError: CUDA out of memory\)"):
+        load_run(tmp_path)
+    (tmp_path / "heldout.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert load_run(tmp_path)["heldout"] == rows[:1]
+
+
+def test_the_time_sharing_bound_needs_the_learner_timed_alone():
+    """`bench.e2e.timeshare_bound`: a co-run's own train seconds are slowed by the engine beside it, so without a
+    time-shared run at that N there is no bound; with one, a step's raw generation time plus its train seconds."""
+    from bench.e2e import timeshare_bound
+
+    raws = {16: {"samples_per_s": 64.0}}
+    co = {"n": 16, "share_gpu": "corun", "prompts_per_step": 32, "train_s_per_step": 9.0}
+    runs = [co]
+    timeshare_bound(runs, raws)
+    assert co["timeshare_bound_samples_per_s"] is None and co["learner_alone_s_per_step"] is None
+    ts = {"n": 16, "share_gpu": "timeshare", "prompts_per_step": 32, "train_s_per_step": 4.0}
+    timeshare_bound(runs + [ts], raws)
+    assert co["learner_alone_s_per_step"] == 4.0
+    assert co["timeshare_bound_samples_per_s"] == ts["timeshare_bound_samples_per_s"] == 512 / (512 / 64 + 4.0)
