@@ -55,7 +55,7 @@ def end_trackers(trackers: list[psutil.Process], timeout_s: float) -> None:
 
 def _is_tracker(p: psutil.Process) -> bool:
     try:
-        return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+        return "resource_tracker import main" in " ".join(p.cmdline())  # multiprocessing's, and loky's (joblib)
     except psutil.Error:
         return False
 
