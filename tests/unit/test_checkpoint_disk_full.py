@@ -44,11 +44,16 @@ def test_scheduled_saves_that_fail_are_survived_until_they_fail_in_a_row(tmp_pat
     ck.save(_state(10), _model)
     outcome = {"ok": False}
 
+    synced = []
+
     def save_checkpoint(state):
         assert state == {"taken on the event loop's thread": True}
+        assert synced[-1] == svc.version  # the metrics rows of the steps it holds are on the disk first
         return ck.save(_state(svc.version), _model if outcome["ok"] else _full)
 
-    svc = SimpleNamespace(cfg=SimpleNamespace(learner=SimpleNamespace(checkpoint_interval=10, steps=1000)),
+    svc = SimpleNamespace(cfg=SimpleNamespace(learner=SimpleNamespace(checkpoint_interval=10, steps=1000),
+                                              run=SimpleNamespace(run_dir=str(tmp_path))),
+                          metrics=SimpleNamespace(sync=lambda: synced.append(svc.version)),
                           version=20, ckpt=ck, _failed_saves=0, save_checkpoint=save_checkpoint,
                           state_dict=lambda: {"taken on the event loop's thread":
                                               threading.current_thread() is threading.main_thread()})
